@@ -1,0 +1,59 @@
+# sol_control — two commands: `make demo` and `make test`. Every install step lives here.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.sol_control-installed
+TRAIN_STAMP := $(VENV)/.sol_control-train-installed
+
+# ROS traffic stays on this machine: localhost discovery, our own domain, Fast DDS profile with
+# shared memory + loopback-only UDP.
+export ROS_AUTOMATIC_DISCOVERY_RANGE := LOCALHOST
+export ROS_DOMAIN_ID ?= 77
+export RMW_IMPLEMENTATION := rmw_fastrtps_cpp
+export FASTDDS_DEFAULT_PROFILES_FILE := $(CURDIR)/config/fastdds_localhost.xml
+export MALLOC_MMAP_THRESHOLD_ := 33554432
+export MALLOC_TRIM_THRESHOLD_ := 134217728
+export MUJOCO_GL ?= egl
+export OMP_NUM_THREADS ?= 1
+export PYTHONUNBUFFERED := 1
+
+.PHONY: all venv venv-train demo test test-quick bench bench-peers models fixtures clean
+
+all: test
+
+$(STAMP): requirements.txt setup.py
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -r requirements.txt
+	$(PIP) install -q --no-deps --no-build-isolation -e .
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+$(TRAIN_STAMP): $(STAMP) requirements-train.txt
+	$(PIP) install -q -r requirements-train.txt
+	@touch $(TRAIN_STAMP)
+
+venv-train: $(TRAIN_STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/sol-control demo $(DEMO_ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(VENV)/bin/sol-control bench all $(BENCH_ARGS)
+
+# Test fixtures: tiny decoders exported from random Llama configurations (dev-only, torch).
+fixtures: $(TRAIN_STAMP)
+	$(PY) tools/make_fixtures.py
+
+# Regenerate data, train, export, quantize, evaluate and rewrite the shipped bundles.
+models: $(TRAIN_STAMP)
+	$(PY) tools/make_models.py $(MODELS_ARGS)
+
+clean:
+	rm -rf $(VENV) demo_report bench_report build *.egg-info .pytest_cache

@@ -1,0 +1,50 @@
+"""sol_control: an ament_python package that also installs with `pip install -e .`."""
+from glob import glob
+
+from setuptools import find_packages, setup
+
+PACKAGE = "sol_control"
+
+
+def tree(pattern: str) -> list[str]:
+    return sorted(p for p in glob(pattern, recursive=True) if not p.endswith("/"))
+
+
+def data_files() -> list[tuple[str, list[str]]]:
+    share = f"share/{PACKAGE}"
+    files = [
+        ("share/ament_index/resource_index/packages", [f"resource/{PACKAGE}"]),
+        (share, ["package.xml"]),
+        (f"{share}/launch", tree("launch/*")),
+        (f"{share}/config", tree("config/*")),
+    ]
+    for bundle in sorted(glob("models/*/")):
+        files.append((f"{share}/{bundle.rstrip('/')}", tree(f"{bundle}*.*")))
+    return [(dest, srcs) for dest, srcs in files if srcs]
+
+
+setup(
+    name=PACKAGE,
+    version="0.1.0",
+    packages=find_packages(include=[PACKAGE, f"{PACKAGE}.*"]),
+    data_files=data_files(),
+    python_requires=">=3.10",
+    install_requires=["numpy", "pydantic>=2", "pyyaml", "onnxruntime", "opencv-python-headless"],
+    extras_require={
+        # dev-only: data generation, training, export. torch is pinned: an unpinned torch pulls a
+        # multi-GB CUDA build. The node never imports torch.
+        "train": ["torch==2.13.0", "transformers==5.24.0", "onnxscript==0.7.2", "onnx-ir==1.1.0", "onnx==1.23.2"],
+        "sim": ["mujoco==4.0.0"],
+    },
+    zip_safe=True,
+    maintainer="sol_control developers",
+    description="Quantized speculative decoding co-processor for ROS 2 robot cells",
+    license="Apache-2.0",
+    entry_points={
+        "console_scripts": [
+            "coprocessor = sol_control.ros.node:main",
+            "cell_sim = sol_control.sim.bridge:main",
+            "sol-control = sol_control.cli:main",
+        ],
+    },
+)

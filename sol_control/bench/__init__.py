@@ -1,0 +1,1 @@
+"""Benchmarks: decoder, node, end to end, peers, soak."""

@@ -1,0 +1,211 @@
+"""`sol-control bench decode`: standard vs quantized vs speculative, side by side in one run.
+
+Every configuration decodes the same decision prefixes; rounds interleave the configurations so a
+noisy neighbour slows all of them alike. Ratios are taken within the run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..bundle import Bundle
+from ..decoding import AdaptiveK, greedy, open_decoder, speculate
+from .common import default_bundle, memory_bandwidth_gbs, pct, progress, table
+
+# (row name, target precision, speculative?)
+CONFIGS = [
+    ("standard fp32", "fp32", False),
+    ("int8 plain", "int8", False),
+    ("int4 plain", "int4", False),
+    ("int8 + draft", "int8", True),
+    ("int4 + draft", "int4", True),
+]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bundle", type=Path, default=None, help="bundle folder (default: models/grasp)")
+    p.add_argument("--quick", action="store_true", help="fewer decisions and rounds (< 45 s)")
+    p.add_argument("--decisions", type=int, default=None, help="decision prefixes per round")
+    p.add_argument("--rounds", type=int, default=None, help="rounds (>= 5 for medians)")
+    p.add_argument("--new-tokens", type=int, default=None, help="tokens per decision (default: the bundle's action length)")
+    p.add_argument("--threads", type=int, default=1, help="ORT intra-op threads for every session")
+    p.add_argument("--k", type=int, default=None, help="fixed draft length (default: adaptive)")
+    p.add_argument("--json", type=Path, default=None, help="write the results here")
+
+
+@dataclass
+class Row:
+    name: str
+    precision: str
+    speculative: bool
+    decision_ms: list[float] = field(default_factory=list)
+    decode_tok_s: list[float] = field(default_factory=list)  # per round: tokens after the first / decode time
+    e2e_tok_s: list[float] = field(default_factory=list)  # per round: all new tokens / total wall time
+    ttft_ms: list[float] = field(default_factory=list)
+    accepted: int = 0
+    verify_passes: int = 0
+    proposed: int = 0
+    draft_accepted: int = 0
+    outputs: list[list[int]] = field(default_factory=list)
+
+    def summary(self, reference: list[list[int]] | None) -> dict:
+        match = reference is not None and self.outputs[: len(reference)] == reference
+        return {
+            "name": self.name, "precision": self.precision, "speculative": self.speculative,
+            "decision_ms_p50": pct(self.decision_ms, 50), "decision_ms_p99": pct(self.decision_ms, 99),
+            "decode_tokens_per_s": pct(self.decode_tok_s, 50),
+            "decode_tokens_per_s_min": min(self.decode_tok_s), "decode_tokens_per_s_max": max(self.decode_tok_s),
+            "tokens_per_s": pct(self.e2e_tok_s, 50),
+            "ttft_ms_p50": pct(self.ttft_ms, 50),
+            "mean_accepted": self.accepted / self.verify_passes if self.speculative and self.verify_passes else None,
+            "draft_acceptance": self.draft_accepted / self.proposed if self.proposed else None,
+            "outputs_match_standard": bool(match),
+        }
+
+
+def decision_prefixes(bundle: Bundle, n: int, seed: int = 0) -> list[np.ndarray]:
+    """Observation prefixes for real decisions (test split) when the bundle has a task generator;
+    random observation tokens otherwise (fixtures)."""
+    m = bundle.manifest
+    if m.task in ("qc", "grasp"):
+        from ..perception import test_prefixes  # numpy + OpenCV only
+
+        return test_prefixes(bundle, n, seed=seed)
+    rng = np.random.default_rng(seed)
+    lo, hi = m.vocab.observation
+    length = max(4, min(24, m.max_context // 4))
+    return [np.concatenate([[m.vocab.bos], rng.integers(lo, hi, length), [m.vocab.sep]]).astype(np.int64)
+            for _ in range(n)]
+
+
+def run_bench(bundle: Bundle, decisions: int, rounds: int, new_tokens: int, threads: int,
+              k: int | None, show_progress: bool = True) -> dict:
+    prefixes = decision_prefixes(bundle, decisions)
+    targets = {p: open_decoder(bundle, "target", p, threads) for p in ("fp32", "int8", "int4")
+               if p in bundle.manifest.target.files}
+    draft_prec = "int8" if "int8" in bundle.manifest.draft.files else next(iter(bundle.manifest.draft.files))
+    draft = open_decoder(bundle, "draft", draft_prec, threads)
+    rows = [Row(n, p, s) for n, p, s in CONFIGS if p in targets]
+    controllers = {r.name: AdaptiveK() for r in rows if r.speculative}
+    # warm up every session (first ORT runs allocate arenas)
+    for r in rows:
+        for prefix in prefixes[:2]:
+            _decode(r, targets, draft, controllers, prefix, new_tokens, k)
+    t_start = time.monotonic()
+    for rnd in range(rounds):
+        per_round = {r.name: [0, 0.0, 0, 0.0] for r in rows}  # tokens, wall ms, decode tokens, decode ms
+        for i, prefix in enumerate(prefixes):
+            for r in rows:
+                res = _decode(r, targets, draft, controllers, prefix, new_tokens, k)
+                s = res.stats
+                r.decision_ms.append(s.wall_ms)
+                r.ttft_ms.append(s.ttft_ms)
+                acc = per_round[r.name]
+                acc[0] += s.new_tokens
+                acc[1] += s.wall_ms
+                acc[2] += s.new_tokens - 1
+                acc[3] += s.wall_ms - s.ttft_ms
+                if rnd == 0:
+                    r.outputs.append(res.tokens)
+                r.accepted += s.new_tokens - 1
+                r.verify_passes += s.verify_passes
+                r.proposed += s.proposed
+                r.draft_accepted += s.accepted
+            if show_progress:
+                progress(f"round {rnd + 1}/{rounds}  decision {i + 1}/{len(prefixes)}  "
+                         f"{time.monotonic() - t_start:5.1f} s")
+        for r in rows:
+            tok, ms, dtok, dms = per_round[r.name]
+            r.e2e_tok_s.append(tok / ms * 1e3)
+            r.decode_tok_s.append(dtok / dms * 1e3 if dms > 0 else float("nan"))
+    if show_progress:
+        progress("", end="\n")
+    reference = rows[0].outputs if rows[0].name == "standard fp32" else None
+    out_rows = [r.summary(reference) for r in rows]
+    return _report(bundle, out_rows, targets, new_tokens, len(prefixes), rounds, threads)
+
+
+def _decode(row: Row, targets, draft, controllers, prefix, new_tokens, k):
+    target = targets[row.precision]
+    if row.speculative:
+        return speculate(draft, target, prefix, new_tokens, k=k, controller=controllers[row.name])
+    return greedy(target, prefix, new_tokens)
+
+
+def _report(bundle, rows, targets, new_tokens, n_prefixes, rounds, threads) -> dict:
+    by = {r["name"]: r for r in rows}
+    std = by["standard fp32"]
+    spec = [r for r in rows if r["speculative"]]
+    best = max(spec, key=lambda r: r["decode_tokens_per_s"])
+    plain_same = by[f"{best['precision']} plain"]
+    bw = memory_bandwidth_gbs()
+    stream = {}
+    for prec, sess in targets.items():
+        weight_bytes = sess.path.stat().st_size
+        plain = by.get("standard fp32" if prec == "fp32" else f"{prec} plain")
+        per_token_ms = 1e3 / plain["decode_tokens_per_s"]
+        stream_ms = weight_bytes / (bw * 1e9) * 1e3
+        stream[prec] = {"weight_bytes": weight_bytes, "per_token_ms": per_token_ms,
+                        "stream_ms": stream_ms, "ratio": per_token_ms / stream_ms}
+    return {
+        "bundle": bundle.manifest.name, "task": bundle.manifest.task,
+        "new_tokens": new_tokens, "decisions": n_prefixes, "rounds": rounds, "threads": threads,
+        "ratios": {
+            "speculative_vs_plain": best["decode_tokens_per_s"] / plain_same["decode_tokens_per_s"],
+            "ultrafast_vs_standard": best["decode_tokens_per_s"] / std["decode_tokens_per_s"],
+            "ultrafast_vs_standard_decision": std["decision_ms_p50"] / best["decision_ms_p50"],
+            "ultrafast_vs_standard_e2e_tokens": best["tokens_per_s"] / std["tokens_per_s"],
+        },
+        "ultrafast": best["name"],
+        "outputs_match_standard": all(r["outputs_match_standard"] for r in rows),
+        "mean_accepted": best["mean_accepted"],
+        "memory_bandwidth_gbs": bw,
+        "weight_streaming": stream,
+        "rows": rows,
+    }
+
+
+def print_report(rep: dict) -> None:
+    head = ["config", "decode tok/s (min-max)", "tok/s incl. prefill", "ms/decision p50", "p99",
+            "TTFT ms", "mean acc.", "match std"]
+    body = []
+    for r in rep["rows"]:
+        body.append([r["name"],
+                     f"{r['decode_tokens_per_s']:8.0f} ({r['decode_tokens_per_s_min']:.0f}-{r['decode_tokens_per_s_max']:.0f})",
+                     f"{r['tokens_per_s']:.0f}", f"{r['decision_ms_p50']:.2f}", f"{r['decision_ms_p99']:.2f}",
+                     f"{r['ttft_ms_p50']:.2f}",
+                     "-" if r["mean_accepted"] is None else f"{r['mean_accepted']:.2f}",
+                     "yes" if r["outputs_match_standard"] else "NO"])
+    print(f"\nbundle {rep['bundle']} ({rep['task']}): {rep['decisions']} decisions x {rep['rounds']} rounds, "
+          f"{rep['new_tokens']} tokens each, {rep['threads']} thread(s)")
+    print(table(head, body))
+    ra = rep["ratios"]
+    print(f"speculative vs plain (same target): {ra['speculative_vs_plain']:.2f}x   "
+          f"ultrafast ({rep['ultrafast']}) vs standard: {ra['ultrafast_vs_standard']:.2f}x decode tok/s, "
+          f"{ra['ultrafast_vs_standard_decision']:.2f}x ms/decision")
+    for prec, s in rep["weight_streaming"].items():
+        print(f"  {prec}: {s['per_token_ms']:.3f} ms/token vs {s['stream_ms']:.3f} ms to stream "
+              f"{s['weight_bytes'] / 1e6:.1f} MB at {rep['memory_bandwidth_gbs']:.1f} GB/s -> {s['ratio']:.2f}x")
+
+
+def run(args: argparse.Namespace) -> int:
+    bundle = Bundle.load(args.bundle or default_bundle())
+    if bundle.manifest.draft is None:
+        raise ValueError(f"bundle {bundle.root} has no draft decoder: nothing to speculate with")
+    n_actions = len(bundle.manifest.actions)
+    new_tokens = args.new_tokens or n_actions or 32
+    decisions = args.decisions or (12 if args.quick else 40)
+    rounds = args.rounds or 5
+    rep = run_bench(bundle, decisions, rounds, new_tokens, args.threads, args.k)
+    print_report(rep)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(rep, indent=2))
+        print(f"wrote {args.json}")
+    return 0

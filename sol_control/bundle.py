@@ -1,0 +1,213 @@
+"""Model bundles: a folder with `manifest.json` and ONNX files, checked (sha256) before loading.
+
+A bundle is what a user brings: decoders in the decoder-with-past layout (Hugging Face Optimum),
+a vocabulary layout, the observation tokenizer and the action tokenizer. Nothing in a bundle is
+executed or unpickled: ONNX graphs run in ONNX Runtime with no custom-op libraries, arrays load with
+`allow_pickle=False`, everything else is JSON.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+MANIFEST = "manifest.json"
+FORMAT = "sol_control.bundle/1"
+MAX_MANIFEST_BYTES = 4 * 1024 * 1024
+Precision = Literal["fp32", "int8", "int4"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FileEntry(Strict):
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size_bytes: int = Field(ge=0)
+
+
+class Vocab(Strict):
+    """Token id layout. Ranges are half-open [start, stop)."""
+
+    size: int = Field(gt=4)
+    pad: int = 0
+    bos: int = 1
+    eos: int = 2
+    sep: int = 3
+    observation: tuple[int, int]
+    action: tuple[int, int]
+
+    @model_validator(mode="after")
+    def _ranges(self) -> "Vocab":
+        for name in ("observation", "action"):
+            lo, hi = getattr(self, name)
+            if not 0 <= lo < hi <= self.size:
+                raise ValueError(f"vocab.{name} range must lie inside [0, {self.size}), got [{lo}, {hi})")
+        return self
+
+
+class ActionField(Strict):
+    """One output token. `bins`: a value in [low, high] quantized to `size` bins (OpenVLA style);
+    `categorical`: one of `labels`. Token id = token_offset + bin (or label index)."""
+
+    name: str
+    kind: Literal["bins", "categorical"]
+    token_offset: int = Field(ge=0)
+    size: int = Field(gt=0)
+    unit: str = ""
+    low: float | None = None
+    high: float | None = None
+    labels: tuple[str, ...] | None = None
+    tolerance: float | None = None  # success criterion used by `sol-control eval`, in `unit`
+
+    @model_validator(mode="after")
+    def _kind(self) -> "ActionField":
+        if self.kind == "bins":
+            if self.low is None or self.high is None or not self.low < self.high:
+                raise ValueError(f"action field {self.name!r}: bins need low < high, got {self.low}, {self.high}")
+        elif self.labels is None or len(self.labels) != self.size:
+            raise ValueError(f"action field {self.name!r}: categorical needs {self.size} labels")
+        return self
+
+
+class DecoderSpec(Strict):
+    n_layers: int = Field(gt=0)
+    n_kv_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+    params: int = Field(gt=0)
+    files: dict[Precision, str]  # precision -> file name inside the bundle
+
+    @field_validator("files")
+    @classmethod
+    def _nonempty(cls, v: dict[str, str]) -> dict[str, str]:
+        if not v:
+            raise ValueError("a decoder needs at least one file")
+        return v
+
+
+class Manifest(Strict):
+    format: Literal["sol_control.bundle/1"] = FORMAT
+    name: str
+    task: Literal["qc", "grasp", "fixture"]
+    description: str = ""
+    max_context: int = Field(gt=0, le=4096)
+    vocab: Vocab
+    target: DecoderSpec
+    draft: DecoderSpec | None = None
+    observation: dict[str, Any] = Field(default_factory=dict)  # read by sol_control.perception
+    actions: tuple[ActionField, ...] = ()
+    files: dict[str, FileEntry]
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    opset: int | None = None
+
+    @field_validator("files")
+    @classmethod
+    def _safe_names(cls, v: dict[str, FileEntry]) -> dict[str, FileEntry]:
+        for name in v:
+            p = Path(name)
+            if p.is_absolute() or ".." in p.parts or name.startswith("~") or "\\" in name:
+                raise ValueError(f"bundle file names must be plain relative paths, got {name!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _listed(self) -> "Manifest":
+        for role, spec in (("target", self.target), ("draft", self.draft)):
+            for prec, fname in (spec.files.items() if spec else ()):
+                if fname not in self.files:
+                    raise ValueError(f"{role}.{prec} file {fname!r} is not listed in files (no sha256)")
+        for f in self.actions:
+            hi = f.token_offset + f.size
+            lo_a, hi_a = self.vocab.action
+            if not (lo_a <= f.token_offset and hi <= hi_a):
+                raise ValueError(f"action field {f.name!r} tokens [{f.token_offset}, {hi}) outside vocab.action")
+        return self
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+class Bundle:
+    """A verified bundle folder. `path(name)` only hands out files whose sha256 was checked."""
+
+    def __init__(self, root: Path, manifest: Manifest):
+        self.root = root
+        self.manifest = manifest
+        self._verified: set[str] = set()
+
+    @classmethod
+    def load(cls, root: str | Path, verify: bool = True) -> "Bundle":
+        root = Path(root).resolve()
+        mpath = root / MANIFEST
+        if not mpath.is_file():
+            raise ValueError(f"bundle {root}: no {MANIFEST}")
+        if mpath.stat().st_size > MAX_MANIFEST_BYTES:
+            raise ValueError(f"bundle {root}: {MANIFEST} is larger than {MAX_MANIFEST_BYTES} bytes")
+        try:
+            manifest = Manifest.model_validate(json.loads(mpath.read_text()))
+        except (json.JSONDecodeError, ValidationError) as e:
+            raise ValueError(f"bundle {root}: invalid {MANIFEST}: {e}") from None
+        bundle = cls(root, manifest)
+        if verify:
+            for name in manifest.files:
+                bundle.verify(name)
+        return bundle
+
+    def resolve(self, name: str) -> Path:
+        if name not in self.manifest.files:
+            raise ValueError(f"bundle {self.root}: {name!r} is not listed in {MANIFEST}")
+        p = (self.root / name).resolve()
+        if self.root not in p.parents:
+            raise ValueError(f"bundle {self.root}: {name!r} resolves outside the bundle ({p})")
+        return p
+
+    def verify(self, name: str) -> Path:
+        p = self.resolve(name)
+        entry = self.manifest.files[name]
+        if not p.is_file():
+            raise ValueError(f"bundle {self.root}: missing file {name!r}")
+        size = p.stat().st_size
+        if size != entry.size_bytes:
+            raise ValueError(f"bundle {self.root}: {name!r} is {size} bytes, manifest says {entry.size_bytes}")
+        digest = sha256_file(p)
+        if digest != entry.sha256:
+            raise ValueError(f"bundle {self.root}: sha256 mismatch for {name!r}: "
+                             f"file {digest[:12]}…, manifest {entry.sha256[:12]}…")
+        self._verified.add(name)
+        return p
+
+    def path(self, name: str) -> Path:
+        return self.resolve(name) if name in self._verified else self.verify(name)
+
+    def decoder_path(self, role: Literal["target", "draft"], precision: Precision) -> Path:
+        spec = self.manifest.target if role == "target" else self.manifest.draft
+        if spec is None or precision not in spec.files:
+            have = sorted(spec.files) if spec else []
+            raise ValueError(f"bundle {self.root}: no {role} decoder in {precision} (has {have})")
+        return self.path(spec.files[precision])
+
+    def load_array(self, name: str):
+        import numpy as np
+
+        return np.load(self.path(name), allow_pickle=False)
+
+
+def write_manifest(root: str | Path, manifest: dict[str, Any]) -> Manifest:
+    """Fill `files` with sha256/size of every listed file, validate, and write manifest.json."""
+    root = Path(root)
+    files = {}
+    for name in manifest.get("files", {}):
+        p = root / name
+        files[name] = {"sha256": sha256_file(p), "size_bytes": p.stat().st_size}
+    manifest = {**manifest, "files": files}
+    m = Manifest.model_validate(manifest)
+    (root / MANIFEST).write_text(json.dumps(m.model_dump(mode="json", exclude_none=True), indent=2) + "\n")
+    return m

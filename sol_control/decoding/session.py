@@ -1,0 +1,191 @@
+"""One ONNX Runtime decoder with its KV cache, allocated once.
+
+The decoder uses the decoder-with-past layout that Hugging Face Optimum exports for causal LMs:
+
+    input_ids [1, T] int64, attention_mask [1, P+T] int64, position_ids [1, T] int64,
+    past_key_values.{i}.key|value [1, H, P, D]  ->  logits [1, T, V], present.{i}.key|value [1, H, P+T, D]
+
+The cache lives in two preallocated flat buffers per tensor (ping-pong). A call binds the valid
+past of one buffer as input and the other buffer as the `present` output, so the model writes the
+new cache in place and nothing is allocated per call. `rewind(n)` only moves an index; the next
+call compacts the kept rows into the other buffer with one copy, no allocation.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+_PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
+_PRESENT = re.compile(r"^present\.(\d+)\.(key|value)$")
+
+
+def session_options(threads: int = 1) -> ort.SessionOptions:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0" if threads == 1 else "1")
+    return opts
+
+
+def _check_signature(sess: ort.InferenceSession, where: str) -> tuple[int, int, int, int, bool]:
+    """Validate the decoder-with-past signature; return (n_layers, kv_heads, head_dim, vocab, has_pos)."""
+    inputs = {i.name: i for i in sess.get_inputs()}
+    outputs = {o.name: o for o in sess.get_outputs()}
+    for name in ("input_ids", "attention_mask"):
+        if name not in inputs:
+            raise ValueError(f"{where}: missing input {name!r} (decoder-with-past layout expected)")
+        if inputs[name].type != "tensor(int64)":
+            raise ValueError(f"{where}: input {name!r} must be tensor(int64), got {inputs[name].type}")
+    has_pos = "position_ids" in inputs
+    past = {}
+    for name, arg in inputs.items():
+        if name in ("input_ids", "attention_mask", "position_ids"):
+            continue
+        m = _PAST.match(name)
+        if not m:
+            raise ValueError(f"{where}: unexpected input {name!r}")
+        if arg.type != "tensor(float)":
+            raise ValueError(f"{where}: input {name!r} must be tensor(float), got {arg.type}")
+        past[(int(m[1]), m[2])] = arg
+    n_layers = len(past) // 2
+    if n_layers == 0:
+        raise ValueError(f"{where}: no past_key_values.* inputs (is this a decoder without KV cache?)")
+    for i in range(n_layers):
+        for kind in ("key", "value"):
+            if (i, kind) not in past:
+                raise ValueError(f"{where}: missing input 'past_key_values.{i}.{kind}'")
+            if f"present.{i}.{kind}" not in outputs:
+                raise ValueError(f"{where}: missing output 'present.{i}.{kind}'")
+    if "logits" not in outputs:
+        raise ValueError(f"{where}: missing output 'logits'")
+    for name in outputs:
+        if name != "logits" and not _PRESENT.match(name):
+            raise ValueError(f"{where}: unexpected output {name!r}")
+    shape = past[(0, "key")].shape
+    if len(shape) != 4 or not isinstance(shape[1], int) or not isinstance(shape[3], int):
+        raise ValueError(f"{where}: past_key_values.0.key must be [batch, heads, past, head_dim] "
+                         f"with static heads and head_dim, got {shape}")
+    for (i, kind), arg in past.items():
+        if list(arg.shape[1:2]) + list(arg.shape[3:]) != [shape[1], shape[3]]:
+            raise ValueError(f"{where}: past_key_values.{i}.{kind} has shape {arg.shape}, expected {shape}")
+    vocab = outputs["logits"].shape[-1]
+    if not isinstance(vocab, int):
+        raise ValueError(f"{where}: logits must have a static vocabulary dimension, got {outputs['logits'].shape}")
+    return n_layers, shape[1], shape[3], vocab, has_pos
+
+
+class DecoderSession:
+    """A causal decoder with a preallocated KV cache of `max_context` positions (batch 1)."""
+
+    def __init__(self, path: str | Path, max_context: int, threads: int = 1, name: str = "",
+                 max_step_tokens: int = 128):
+        self.name = name or Path(path).stem
+        self.path = Path(path)
+        self.session = ort.InferenceSession(str(path), session_options(threads),
+                                            providers=["CPUExecutionProvider"])
+        self.n_layers, self.n_heads, self.head_dim, self.vocab, self._has_pos = _check_signature(
+            self.session, f"decoder {self.path}")
+        if max_context <= 0:
+            raise ValueError(f"max_context must be positive, got {max_context}")
+        self.max_context = max_context
+        self.max_step_tokens = min(max_step_tokens, max_context)
+        C, H, D, n_kv = max_context, self.n_heads, self.head_dim, 2 * self.n_layers
+        self._kv = np.zeros((2, n_kv, H * C * D), np.float32)  # [buffer, tensor, H*C*D]
+        self._logits = np.zeros(self.max_step_tokens * self.vocab, np.float32)
+        self._ids = np.zeros(self.max_step_tokens, np.int64)
+        self._ones = np.ones(C, np.int64)
+        self._positions = np.arange(C, dtype=np.int64)
+        self.tokens = np.zeros(C, np.int64)  # the ids whose keys/values are in the cache
+        self.length = 0  # valid cache positions
+        self._layout = 0  # the past length the current buffer is laid out for ([H, layout, D])
+        self._cur = 0  # which ping-pong buffer holds the cache
+        self._tensor_bytes = H * C * D * 4
+        self._base = [int(self._kv[b].ctypes.data) for b in (0, 1)]
+        self._kv_names = [(f"past_key_values.{i}.{k}", f"present.{i}.{k}")
+                          for i in range(self.n_layers) for k in ("key", "value")]
+        self._io = self.session.io_binding()
+        self.calls = 0
+
+    # -- cache bookkeeping ------------------------------------------------------------------
+    def reset(self) -> None:
+        self.length = 0
+        self._layout = 0
+
+    def rewind(self, n_keep: int) -> None:
+        """Forget cached positions past `n_keep` (no copy now, no allocation ever)."""
+        assert 0 <= n_keep <= self.length, (n_keep, self.length)
+        self.length = n_keep
+
+    def _compact(self) -> None:
+        L, Lo, H, D = self.length, self._layout, self.n_heads, self.head_dim
+        n_kv = 2 * self.n_layers
+        src = self._kv[self._cur, :, : H * Lo * D].reshape(n_kv, H, Lo, D)[:, :, :L]
+        dst = self._kv[1 - self._cur, :, : H * L * D].reshape(n_kv, H, L, D)
+        np.copyto(dst, src)
+        self._cur = 1 - self._cur
+        self._layout = L
+
+    # -- forward ----------------------------------------------------------------------------
+    def forward(self, ids: np.ndarray) -> np.ndarray:
+        """Append `ids` to the cache; return their logits [T, vocab] (a view, valid until the next call)."""
+        T, L = len(ids), self.length
+        if T == 0:
+            raise ValueError(f"{self.name}: forward needs at least one token")
+        if T > self.max_step_tokens:
+            raise ValueError(f"{self.name}: {T} tokens in one step exceed max_step_tokens={self.max_step_tokens}")
+        if L + T > self.max_context:
+            raise ValueError(f"{self.name}: context {L}+{T} exceeds max_context={self.max_context}")
+        if L != self._layout:
+            self._compact()
+        H, D, V = self.n_heads, self.head_dim, self.vocab
+        self._ids[:T] = ids
+        io = self._io
+        io.bind_input("input_ids", "cpu", 0, np.int64, [1, T], self._ids.ctypes.data)
+        io.bind_input("attention_mask", "cpu", 0, np.int64, [1, L + T], self._ones.ctypes.data)
+        if self._has_pos:
+            io.bind_input("position_ids", "cpu", 0, np.int64, [1, T], self._positions[L:].ctypes.data)
+        src, dst = self._base[self._cur], self._base[1 - self._cur]
+        for j, (past, present) in enumerate(self._kv_names):
+            off = j * self._tensor_bytes
+            io.bind_input(past, "cpu", 0, np.float32, [1, H, L, D], src + off)
+            io.bind_output(present, "cpu", 0, np.float32, [1, H, L + T, D], dst + off)
+        io.bind_output("logits", "cpu", 0, np.float32, [1, T, V], self._logits.ctypes.data)
+        self.session.run_with_iobinding(io)
+        self.calls += 1
+        self._cur = 1 - self._cur
+        self.tokens[L:L + T] = ids
+        self.length = self._layout = L + T
+        return self._logits[: T * V].reshape(T, V)
+
+    def prefill(self, prefix: np.ndarray) -> np.ndarray:
+        """Make the cache hold `prefix`, reusing its longest cached leading part; return the last
+        position's logits [vocab]. Long prefixes run in chunks of `max_step_tokens`."""
+        n = len(prefix)
+        if n == 0:
+            raise ValueError(f"{self.name}: empty prefix")
+        same = int(np.argmin(np.append(self.tokens[: min(self.length, n)] == prefix[: min(self.length, n)], False)))
+        self.rewind(min(same, n - 1))  # the last prefix token is always recomputed for its logits
+        logits = None
+        while self.length < n:
+            stop = min(n, self.length + self.max_step_tokens)
+            logits = self.forward(prefix[self.length:stop])
+        return logits[-1]
+
+    def __repr__(self) -> str:
+        return (f"DecoderSession({self.name}: {self.n_layers} layers, {self.n_heads}x{self.head_dim} kv, "
+                f"vocab {self.vocab}, context {self.length}/{self.max_context})")
+
+
+def open_decoder(bundle, role: str, precision: str, threads: int = 1) -> DecoderSession:
+    """A session for one decoder of a verified bundle (sha256 checked before ORT sees the file)."""
+    path = bundle.decoder_path(role, precision)
+    sess = DecoderSession(path, bundle.manifest.max_context, threads=threads, name=f"{role}_{precision}")
+    if sess.vocab != bundle.manifest.vocab.size:
+        raise ValueError(f"{path}: logits have {sess.vocab} entries, manifest vocab.size is "
+                         f"{bundle.manifest.vocab.size}")
+    return sess
