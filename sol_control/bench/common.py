@@ -33,12 +33,17 @@ _last = [0.0]
 
 
 def progress(msg: str, end: str = "") -> None:
-    """A single self-overwriting status line on stderr (rate-limited to 10 Hz)."""
+    """A self-overwriting status line on a terminal (10 Hz); a plain line every 5 s in a log."""
     now = time.monotonic()
-    if end or now - _last[0] > 0.1:
-        _last[0] = now
+    tty = sys.stderr.isatty()
+    if tty and (end or now - _last[0] > 0.1):
         sys.stderr.write("\r\033[K" + msg + end)
-        sys.stderr.flush()
+    elif not tty and msg and now - _last[0] > 5.0:
+        sys.stderr.write(msg + "\n")
+    else:
+        return
+    _last[0] = now
+    sys.stderr.flush()
 
 
 def memory_bandwidth_gbs(mb: int = 256, repeats: int = 5) -> float:
