@@ -238,3 +238,14 @@ def test_adaptive_k_switches_off_when_drafting_does_not_pay():
         fast.update(8, 8, draft_ms=0.4, verify_ms=1.3)
         fast.update(4, 4, draft_ms=0.2, verify_ms=1.1)
     assert fast.choose() >= 8
+
+
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+def test_speculative_is_lossless_on_quantized_targets(bundle, drafts, precision):
+    """Quantized targets must give a token the same logits whether it is verified alone or among
+    k drafts (per-row activation quantization), or speculation would change the answer."""
+    q = DecoderSession(bundle.decoder_path("target", precision), bundle.manifest.max_context)
+    rng = np.random.default_rng(11)
+    for _ in range(20):
+        prefix = rng.integers(4, 48, int(rng.integers(2, 30)))
+        assert speculate(drafts["close"], q, prefix, 24, k=4).tokens == greedy(q, prefix, 24).tokens
