@@ -13,7 +13,7 @@ from scipy import stats as sps
 
 from sol_control.budget import Budget
 from sol_control.bundle import Bundle
-from sol_control.decoding import AdaptiveK, DecoderSession, greedy, sample, speculate
+from sol_control.decoding import AdaptiveK, DecoderSession, greedy, open_decoder, sample, speculate
 from sol_control.decoding.sampling import distribution
 
 from .conftest import FIXTURES
@@ -244,8 +244,9 @@ def test_adaptive_k_switches_off_when_drafting_does_not_pay():
 def test_speculative_is_lossless_on_quantized_targets(bundle, drafts, precision):
     """Quantized targets must give a token the same logits whether it is verified alone or among
     k drafts (per-row activation quantization), or speculation would change the answer."""
-    q = DecoderSession(bundle.decoder_path("target", precision), bundle.manifest.max_context)
+    q = open_decoder(bundle, "target", precision)
+    assert q.min_step_tokens == 2
     rng = np.random.default_rng(11)
-    for _ in range(20):
+    for _ in range(80):
         prefix = rng.integers(4, 48, int(rng.integers(2, 30)))
         assert speculate(drafts["close"], q, prefix, 24, k=4).tokens == greedy(q, prefix, 24).tokens

@@ -83,7 +83,7 @@ class DecoderSession:
     """A causal decoder with a preallocated KV cache of `max_context` positions (batch 1)."""
 
     def __init__(self, path: str | Path, max_context: int, threads: int = 1, name: str = "",
-                 max_step_tokens: int = 128):
+                 max_step_tokens: int = 128, min_step_tokens: int = 1):
         self.name = name or Path(path).stem
         self.path = Path(path)
         self.session = ort.InferenceSession(str(path), session_options(threads),
@@ -94,10 +94,18 @@ class DecoderSession:
             raise ValueError(f"max_context must be positive, got {max_context}")
         self.max_context = max_context
         self.max_step_tokens = min(max_step_tokens, max_context)
+        if min_step_tokens not in (1, 2):
+            raise ValueError(f"min_step_tokens must be 1 or 2, got {min_step_tokens}")
+        # Quantized graphs (int8 activations) give a token slightly different logits when it is
+        # alone in a pass than when it shares one. With 2, a single new token is run together with
+        # the previous one (its cached row is recomputed), so plain decoding uses the same numeric
+        # path as speculative verification and the two agree token for token.
+        self.min_step_tokens = min_step_tokens
         C, H, D, n_kv = max_context, self.n_heads, self.head_dim, 2 * self.n_layers
         self._kv = np.zeros((2, n_kv, H * C * D), np.float32)  # [buffer, tensor, H*C*D]
         self._logits = np.zeros(self.max_step_tokens * self.vocab, np.float32)
         self._ids = np.zeros(self.max_step_tokens, np.int64)
+        self._pair = np.zeros(2, np.int64)
         self._ones = np.ones(C, np.int64)
         self._positions = np.arange(C, dtype=np.int64)
         self.tokens = np.zeros(C, np.int64)  # the ids whose keys/values are in the cache
@@ -133,6 +141,14 @@ class DecoderSession:
     # -- forward ----------------------------------------------------------------------------
     def forward(self, ids: np.ndarray) -> np.ndarray:
         """Append `ids` to the cache; return their logits [T, vocab] (a view, valid until the next call)."""
+        T, L = len(ids), self.length
+        if T == 1 and self.min_step_tokens == 2 and L > 0:
+            self._pair[:] = self.tokens[L - 1], ids[0]
+            self.rewind(L - 1)
+            return self._run(self._pair)[1:]
+        return self._run(ids)
+
+    def _run(self, ids: np.ndarray) -> np.ndarray:
         T, L = len(ids), self.length
         if T == 0:
             raise ValueError(f"{self.name}: forward needs at least one token")
@@ -184,7 +200,8 @@ class DecoderSession:
 def open_decoder(bundle, role: str, precision: str, threads: int = 1) -> DecoderSession:
     """A session for one decoder of a verified bundle (sha256 checked before ORT sees the file)."""
     path = bundle.decoder_path(role, precision)
-    sess = DecoderSession(path, bundle.manifest.max_context, threads=threads, name=f"{role}_{precision}")
+    sess = DecoderSession(path, bundle.manifest.max_context, threads=threads, name=f"{role}_{precision}",
+                          min_step_tokens=1 if precision == "fp32" or role == "draft" else 2)
     if sess.vocab != bundle.manifest.vocab.size:
         raise ValueError(f"{path}: logits have {sess.vocab} entries, manifest vocab.size is "
                          f"{bundle.manifest.vocab.size}")
