@@ -79,9 +79,11 @@ def decision_prefixes(bundle: Bundle, n: int, seed: int = 0) -> list[np.ndarray]
     random observation tokens otherwise (fixtures)."""
     m = bundle.manifest
     if m.task in ("qc", "grasp"):
-        from ..perception import test_prefixes  # numpy + OpenCV only
+        from ..eval import encode_scenes, scenes  # numpy + OpenCV only
+        from ..perception import ObservationTokenizer
 
-        return test_prefixes(bundle, n, seed=seed)
+        prefixes, _ = encode_scenes(ObservationTokenizer.from_bundle(bundle), scenes(m.task, "test", n, start=seed))
+        return [p for p in prefixes if p is not None]
     rng = np.random.default_rng(seed)
     lo, hi = m.vocab.observation
     length = max(4, min(24, m.max_context // 4))
@@ -137,7 +139,11 @@ def run_bench(bundle: Bundle, decisions: int, rounds: int, new_tokens: int, thre
 
 
 def _decode(row: Row, targets, draft, controllers, prefix, new_tokens, k):
+    """One decision from a cold cache: rows share sessions, and a prefix cached by the previous
+    row would otherwise skip the prefill a new camera frame always pays."""
     target = targets[row.precision]
+    target.reset()
+    draft.reset()
     if row.speculative:
         return speculate(draft, target, prefix, new_tokens, k=k, controller=controllers[row.name])
     return greedy(target, prefix, new_tokens)
