@@ -72,58 +72,58 @@ class AdaptiveK:
     """Chooses the draft length from a running acceptance estimate and measured costs.
 
     With per-token acceptance a, k drafts yield (1 - a^(k+1)) / (1 - a) tokens per step and cost
-    k*draft_ms + verify_ms(k). Pick the k with the best tokens per ms; when no k beats plain
-    decoding, return 0 (speculation off) and probe again every `probe_every` steps.
+    k * draft_ms + verify_ms(k + 1). Pick the k with the most tokens per ms; k = 0 (plain
+    decoding) wins when drafting does not pay. Costs are running averages per pass size, measured
+    as the planner runs; sizes not yet seen are interpolated, so the choice explores them.
+    Keep one controller per planner: it learns across decisions.
     """
 
-    def __init__(self, k_max: int = MAX_K, decay: float = 0.97, probe_every: int = 32):
-        self.k_max, self.decay, self.probe_every = k_max, decay, probe_every
+    def __init__(self, k_max: int = MAX_K, decay: float = 0.95):
+        self.k_max, self.decay = k_max, decay
         self.acc, self.rej = 4.0, 1.0  # prior: acceptance ~0.8
-        self.draft_ms = None  # per draft token
-        self.fit = np.zeros(5)  # decayed sums for verify_ms = v0 + v1 * tokens: [n, x, y, xx, xy]
-        self.off_steps = 0
+        self.draft_ms: float | None = None  # per draft token
+        self.verify = np.full(MAX_K + 2, np.nan)  # ms of one target pass of T tokens, index T
 
     @property
     def alpha(self) -> float:
         return self.acc / (self.acc + self.rej)
 
     def verify_ms(self, tokens: int) -> float | None:
-        n, sx, sy, sxx, sxy = self.fit
-        if n < 1e-9:
+        seen = np.flatnonzero(~np.isnan(self.verify))  # pass sizes measured so far
+        if len(seen) == 0:
             return None
-        var = n * sxx - sx * sx
-        if var < 1e-6 * max(n * sxx, 1e-9):  # only one token count seen so far: assume +15 %/token
-            v = sy / n / (1 + 0.15 * (sx / n - 1))
-            return v * (1 + 0.15 * (tokens - 1))
-        v1 = (n * sxy - sx * sy) / var
-        v0 = (sy - v1 * sx) / n
-        return max(v0 + v1 * tokens, 1e-3)
+        ms = self.verify[seen]
+        if len(seen) == 1:  # one size seen: assume +10 % per extra token
+            return float(ms[0] * (1 + 0.1 * (tokens - seen[0])))
+        if tokens <= seen[-1]:
+            return float(np.interp(tokens, seen, ms))
+        slope = max((ms[-1] - ms[0]) / (seen[-1] - seen[0]), 0.05 * ms[0])
+        return float(ms[-1] + (tokens - seen[-1]) * slope)
 
-    def choose(self) -> int:
-        if self.draft_ms is None or self.verify_ms(1) is None:
-            return min(4, self.k_max)
-        if self.off_steps > 0:
-            self.off_steps -= 1
-            return 0 if self.off_steps else 1
-        a, plain = min(self.alpha, 0.999), self.verify_ms(1)
+    def choose(self, remaining: int = MAX_K + 1) -> int:
+        k_top = max(0, min(self.k_max, remaining - 1))
+        plain = self.verify_ms(1)
+        if self.draft_ms is None or plain is None:
+            return min(4, k_top)  # cold start: measure a moderate k first
+        a = min(self.alpha, 0.999)
         best_k, best = 0, 1.0 / plain
-        for k in range(1, self.k_max + 1):
+        for k in range(1, k_top + 1):
             rate = (1 - a ** (k + 1)) / (1 - a) / (k * self.draft_ms + self.verify_ms(k + 1))
             if rate > best:
                 best_k, best = k, rate
-        if best_k == 0:
-            self.off_steps = self.probe_every
         return best_k
 
-    def update(self, k: int, accepted: int, draft_ms: float, verify_ms: float) -> None:
+    def update(self, k: int, accepted: int, draft_ms: float | None, verify_ms: float) -> None:
         d = self.decay
         if k > 0:
             self.acc = d * self.acc + accepted
             self.rej = d * self.rej + (1 if accepted < k else 0)
-            per = draft_ms / k
-            self.draft_ms = per if self.draft_ms is None else 0.9 * self.draft_ms + 0.1 * per
-        x = k + 1
-        self.fit = d * self.fit + np.array([1.0, x, verify_ms, x * x, x * verify_ms])
+            if draft_ms is not None:
+                per = draft_ms / k
+                self.draft_ms = per if self.draft_ms is None else 0.8 * self.draft_ms + 0.2 * per
+        t = k + 1
+        old = self.verify[t]
+        self.verify[t] = verify_ms if np.isnan(old) else 0.8 * old + 0.2 * verify_ms
 
 
 def greedy(target: DecoderSession, prefix, max_new_tokens: int, budget: Budget | None = None) -> DecodeResult:
@@ -202,10 +202,11 @@ def speculate(draft: DecoderSession, target: DecoderSession, prefix, max_new_tok
 
     while len(out) < max_new_tokens and not budget.expired():
         seq_len = len(prefix) + len(out)  # committed tokens; target holds seq_len - 1 of them
-        kk = min(ctl.choose() if k is None else k, max_new_tokens - len(out) - 1)
+        kk = min(ctl.choose(max_new_tokens - len(out)) if k is None else k, max_new_tokens - len(out) - 1)
         # 1. draft proposes kk tokens (q: the draft's distributions, for rejection sampling)
         t1 = time.monotonic_ns()
         proposal, q = [], []
+        catch_up = seq_len - draft.length  # tokens the draft has not seen (the whole prefix at first)
         if kk > 0:
             d_logits = draft.prefill(np.array(seq + out, np.int64))  # catch up, reusing its cache
             for i in range(kk):
@@ -250,7 +251,8 @@ def speculate(draft: DecoderSession, target: DecoderSession, prefix, max_new_tok
         # 4. rewind both caches to what is committed (target keeps all but the newest token)
         target.rewind(seq_len + n)
         draft.rewind(min(draft.length, seq_len + n))
-        ctl.update(kk, n, (t2 - t1) / 1e6, (time.monotonic_ns() - t2) / 1e6)
+        # a long catch-up (the prefix, after plain steps) is not what a draft token costs
+        ctl.update(kk, n, (t2 - t1) / 1e6 if catch_up <= 2 else None, (time.monotonic_ns() - t2) / 1e6)
 
     del out[max_new_tokens:], probs[max_new_tokens:]
     stats.new_tokens = len(out)
