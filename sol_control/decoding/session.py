@@ -108,8 +108,11 @@ class DecoderSession:
                  max_step_tokens: int = 128, min_step_tokens: int = 1):
         self.name = name or Path(path).stem
         self.path = Path(path)
-        self.session = ort.InferenceSession(str(path), session_options(threads),
-                                            providers=["CPUExecutionProvider"])
+        try:
+            self.session = ort.InferenceSession(str(path), session_options(threads),
+                                                providers=["CPUExecutionProvider"])
+        except Exception as e:  # ORT's own exception types: invalid graph, unknown (custom) op, ...
+            raise ValueError(f"decoder {path}: ONNX Runtime cannot load it: {e}") from None
         self.n_layers, self.n_heads, self.head_dim, self.vocab, self._has_pos = _check_signature(
             self.session, f"decoder {self.path}")
         if max_context <= 0:
@@ -170,6 +173,9 @@ class DecoderSession:
     def forward(self, ids: np.ndarray) -> np.ndarray:
         """Append `ids` to the cache; return their logits [T, vocab] (a view, valid until the next call)."""
         T, L = len(ids), self.length
+        if T and not (0 <= int(ids.min()) and int(ids.max()) < self.vocab):
+            raise ValueError(f"{self.name}: token ids must lie in [0, {self.vocab}), got "
+                             f"[{int(ids.min())}, {int(ids.max())}]")
         if T == 1 and self.min_step_tokens == 2 and L > 0:
             self._pair[:] = self.tokens[L - 1], ids[0]
             self.rewind(L - 1)
