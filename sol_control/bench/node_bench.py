@@ -1,0 +1,206 @@
+"""`sol-control bench node`: the real node between a publisher process and a subscriber process.
+
+Per mode (qc, then grasp): start `python -m sol_control.ros.node` (mode=<task>, the shipped
+bundles, default deadlines unless --param), a subscriber on the decision topic and a publisher of
+camera images (30 Hz, test-split scenes stamped at send) plus joint states (500 Hz). Latency is the
+image header stamp to the decision's receipt in the subscriber (same machine, same clock): it holds
+both DDS hops, perception, decoding and the guard. `hit_rate` = frames published whose decision
+arrived within the mode's deadline / frames published (a frame without a decision is a miss);
+`node_deadline_met_rate` = the node's own `deadline_met` over decisions. CPU = the node process's
+user+system time over wall time while publishing (100 % = one core).
+
+JSON (--json PATH): {"modes": {"qc": {"p50_ms", "p99_ms", "p999_ms", "hit_rate", "sources": {...},
+...}, "grasp": {...}}, "config": {...}} and the same per-mode dicts at the top level under "qc"/"grasp".
+No rclpy here: the peers live in sol_control/ros/bench_peers.py.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+from sol_control.bench.common import REPO, pct, table
+from sol_control.config import NodeConfig, apply_overrides, to_flat
+
+NS_PER_MS = 1_000_000
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", help="write results here")
+    p.add_argument("--seconds", type=float, default=20.0, help="publishing time per mode")
+    p.add_argument("--modes", default="qc,grasp", help="comma-separated: qc, grasp")
+    p.add_argument("--image-hz", type=float, default=30.0)
+    p.add_argument("--joint-hz", type=float, default=500.0)
+    p.add_argument("--domain-id", type=int, default=int(os.environ.get("SOL_CONTROL_BENCH_DOMAIN", "27")))
+    p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                   help="node parameter override, e.g. deadline.qc_ms=8 (repeatable)")
+
+
+def ros_env(domain_id: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"ROS_DOMAIN_ID": str(domain_id), "ROS_AUTOMATIC_DISCOVERY_RANGE": "LOCALHOST",
+                "RMW_IMPLEMENTATION": "rmw_fastrtps_cpp", "OMP_NUM_THREADS": "1",
+                "FASTDDS_DEFAULT_PROFILES_FILE": env.get("FASTDDS_DEFAULT_PROFILES_FILE")
+                or str(REPO / "config" / "fastdds_localhost.xml"),
+                "MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "134217728",
+                "PYTHONUNBUFFERED": "1"})
+    return env
+
+
+def _ros_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return v if v else "''"
+    return repr(v)
+
+
+def _cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _stop(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def run_mode(task: str, cfg: NodeConfig, args: argparse.Namespace, work: Path) -> dict:
+    env = ros_env(args.domain_id)
+    flat = {**to_flat(cfg), "mode": task, "autostart": True}
+    ros_args = [a for k, v in flat.items() for a in ("-p", f"{k}:={_ros_value(v)}")]
+    py = sys.executable
+    log = open(work / f"{task}_node.log", "w")
+    node = subprocess.Popen([py, "-m", "sol_control.ros.node", "--ros-args", *ros_args], env=env, cwd=REPO,
+                            stdout=log, stderr=subprocess.STDOUT, text=True)
+    sub_out, pub_out = work / f"{task}_sub.json", work / f"{task}_pub.json"
+    sub = subprocess.Popen([py, "-m", "sol_control.ros.bench_peers", "subscribe", "--task", task, "--out", str(sub_out)],
+                           env=env, cwd=REPO)
+    try:
+        pub = subprocess.Popen([py, "-m", "sol_control.ros.bench_peers", "publish", "--task", task, "--out", str(pub_out),
+                                "--seconds", str(args.seconds), "--image-hz", str(args.image_hz),
+                                "--joint-hz", str(args.joint_hz)],
+                               env=env, cwd=REPO, stdout=subprocess.PIPE, text=True)
+        line = pub.stdout.readline()  # "publishing" once the node is active: start the CPU clock
+        if node.poll() is not None or not line.startswith("publishing"):
+            pub.kill()
+            raise RuntimeError(f"the node did not become active; its log:\n{_tail(work / f'{task}_node.log')}")
+        cpu0, wall0 = _cpu_s(node.pid), time.monotonic()
+        pub.wait()
+        cpu1, wall1 = _cpu_s(node.pid), time.monotonic()
+        if pub.returncode != 0:
+            raise RuntimeError(f"publisher failed (exit {pub.returncode}); node log:\n{_tail(work / f'{task}_node.log')}")
+        time.sleep(1.0)  # let the last decisions arrive
+    finally:
+        _stop(sub)
+        _stop(node)
+        log.close()
+    published = json.loads(pub_out.read_text())
+    rows = json.loads(sub_out.read_text())["rows"]
+    return summarize(task, cfg.deadline.for_task(task), published, rows,
+                     cpu_percent=100.0 * (cpu1 - cpu0) / max(wall1 - wall0, 1e-9))
+
+
+def _tail(path: Path, n_chars: int = 3000) -> str:
+    return path.read_text(errors="replace")[-n_chars:] if path.exists() else ""
+
+
+def summarize(task: str, deadline_ms: float, published: dict, rows: list, cpu_percent: float) -> dict:
+    sent = set(published["stamps"])
+    got = {r[0]: r for r in rows if r[0] in sent}  # one decision per frame (first wins)
+    latency_ms = [(r[1] - r[0]) / NS_PER_MS for r in got.values()]
+    in_time = sum(1 for ms in latency_ms if ms <= deadline_ms)
+    sources = Counter(r[2] for r in got.values())
+    reasons = Counter(r[5] for r in got.values() if r[5])
+    return {
+        "task": task, "deadline_ms": deadline_ms, "frames_published": len(sent), "decisions_received": len(got),
+        "p50_ms": pct(latency_ms, 50), "p99_ms": pct(latency_ms, 99), "p999_ms": pct(latency_ms, 99.9),
+        "max_ms": max(latency_ms) if latency_ms else float("nan"),
+        "node_latency_p50_ms": pct([r[4] for r in got.values()], 50),
+        "node_latency_p99_ms": pct([r[4] for r in got.values()], 99),
+        # where the time goes, p50 / p99 over decisions (ms)
+        "breakdown_ms": {name: {"p50": _finite_pct([r[i] for r in got.values()], 50),
+                                "p99": _finite_pct([r[i] for r in got.values()], 99)}
+                         for name, i in (("queue", 6), ("perception", 7), ("fast", 8), ("full_precision", 9))},
+        "hit_rate": in_time / len(sent) if sent else float("nan"),
+        "node_deadline_met_rate": (sum(r[3] for r in got.values()) / len(got)) if got else float("nan"),
+        "sources": dict(sources), "reasons": dict(reasons.most_common(8)),
+        "cpu_percent": cpu_percent, "image_hz": len(sent) / max(published["seconds"], 1e-9),
+    }
+
+
+def _finite_pct(values: list[float], q: float) -> float:
+    vals = [v for v in values if v == v]
+    return pct(vals, q) if vals else float("nan")
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = apply_overrides(NodeConfig(), args.param)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    for m in modes:
+        if m not in ("qc", "grasp"):
+            raise ValueError(f"--modes: expected qc and/or grasp, got {m!r}")
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="sol_control_bench_node_") as tmp:
+        for m in modes:
+            print(f"bench node: {m} for {args.seconds:.0f} s at {args.image_hz:.0f} Hz ...", file=sys.stderr)
+            results[m] = run_mode(m, cfg, args, Path(tmp))
+    rows = [[m, f"{r['deadline_ms']:.1f}", r["frames_published"], r["decisions_received"], f"{r['p50_ms']:.2f}",
+             f"{r['p99_ms']:.2f}", f"{r['p999_ms']:.2f}", f"{100 * r['hit_rate']:.2f}%",
+             " ".join(f"{k}={v}" for k, v in sorted(r["sources"].items())), f"{r['cpu_percent']:.0f}%"]
+            for m, r in results.items()]
+    print(table(["mode", "deadline ms", "frames", "decided", "p50 ms", "p99 ms", "p99.9 ms", "hit rate", "sources",
+                 "cpu"], rows))
+    out = {"modes": results, **results, "config": {"seconds": args.seconds, "image_hz": args.image_hz,
+                                                   "joint_hz": args.joint_hz, "params": args.param,
+                                                   "cpus": os.cpu_count()}}
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+def compare_standard_ultrafast(quick: bool = False, domain_id: int | None = None,
+                               params: list[str] | None = None) -> dict:
+    """End to end, standard (fp32 target, plain greedy: `decoding.standard_only`) against ultrafast
+    (int8 target + draft, speculative), both with a 1 s deadline so neither falls back and the
+    figures are pure speed. Per task and, at the top level, the mean of the two tasks' p50."""
+    args = argparse.Namespace(seconds=5.0 if quick else 15.0, image_hz=30.0, joint_hz=500.0,
+                              domain_id=domain_id or int(os.environ.get("SOL_CONTROL_BENCH_DOMAIN", "27")))
+    generous = ["deadline.qc_ms=1000", "deadline.grasp_ms=1000", "deadline.max_staleness_ms=2000"]
+    out: dict = {}
+    with tempfile.TemporaryDirectory(prefix="sol_control_bench_e2e_") as tmp:
+        for task in ("qc", "grasp"):
+            rows = {}
+            for name, extra in (("standard", ["decoding.standard_only=true"]), ("ultrafast", [])):
+                cfg = apply_overrides(NodeConfig(), generous + extra + list(params or []))
+                print(f"bench node: {task} {name} for {args.seconds:.0f} s ...", file=sys.stderr)
+                rows[name] = run_mode(task, cfg, args, Path(tmp))
+            out[task] = {**rows, "ratio_p50": rows["standard"]["p50_ms"] / rows["ultrafast"]["p50_ms"]}
+    std = sum(out[t]["standard"]["p50_ms"] for t in ("qc", "grasp")) / 2
+    fast = sum(out[t]["ultrafast"]["p50_ms"] for t in ("qc", "grasp")) / 2
+    out.update({"standard_p50_ms": std, "ultrafast_p50_ms": fast, "ratio_p50": std / fast})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,348 @@
+"""`sol-control soak --minutes N [--rate-x 3] [--json PATH]`: a long run of the co-processor core.
+
+What runs: the ROS-free `Coprocessor` in this process (real bundles, real ONNX Runtime sessions,
+the real deadline guard, the shadow auditor if `audit_rate` > 0), fed like the node's workers: one
+thread per task; frames arrive on a fixed clock at `rate_x` x the nominal 30 Hz camera rate; each
+frame's budget starts at its arrival; when a decision runs long, the frames that arrived meanwhile
+are dropped and only the newest is decided (latest-value semantics, `frames_skipped`). Each decision
+is relabelled right before it is recorded, as the node does before publishing (`guard.on_time_or_safe`:
+a late answer becomes the safe default). Not here: DDS (see `sol-control bench node`) and the
+node's watchdog (a decision still running at its deadline is recorded when it returns), so the
+figures isolate the core: memory, misses, latency drift.
+
+Memory: resident set size (VmRSS) once a second; `rss_growth_mb` = median of the last 5 samples
+minus the median of the first 5 after warm-up (the first 20 % of the run, 5..60 s). Recording is
+allocation-free after warm-up (fixed latency histograms, one reused window buffer).
+Misses: every decision carries `deadline_met`; the soak re-measures each decision's latency itself
+(arrival -> step returned). `unlabelled_misses` = decisions that say `deadline_met=true` although the
+soak measured them later than deadline + publish_margin_ms + label_tolerance_ms (5 ms: a loaded
+machine may preempt the thread between the guard's label and the return), plus decisions that
+raised out of `step`. Reported alongside: `late_after_label` (beyond the publish margin alone),
+`label_lag_*` (measured - labelled latency) and `late_not_safe_default` (labelled late, but from the
+fast or full-precision planner: its last ONNX Runtime call ran past the deadline).
+p99 stability: p99 per window (10 s); `p99_drift_ms` = p99 of the last third of the windows minus
+p99 of the first third (after warm-up). Wall-clock p99 also moves with the machine's load, so each
+window also records this thread's own CPU time per decision (`cpu_ms_per_decision`, `cpu_drift`
+as a fraction) and the 1-minute load average (`load_1min`): a p99 drift with flat CPU per decision
+and a rising load is the machine, not the co-processor.
+
+Pass (exit 0): rss_growth_mb < 5, unlabelled_misses == 0, p99_drift_ms <= max(2, 25 % of the
+median window p99) for every task. Otherwise exit 1.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+NOMINAL_HZ = 30.0
+NS_PER_MS = 1_000_000
+NS_PER_S = 1_000_000_000
+HIST_BIN_MS = 0.01
+HIST_BINS = 200_000  # 0 .. 2 s in 10 us bins; later decisions land in the last bin
+POOL = 32  # distinct test-split scenes per task, cycled
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--minutes", type=float, default=10.0, help="run time (warm-up included)")
+    p.add_argument("--rate-x", type=float, default=3.0, help=f"frame rate as a multiple of {NOMINAL_HZ:.0f} Hz")
+    p.add_argument("--json", help="write the results here")
+    p.add_argument("--mode", choices=["auto", "qc", "grasp", "both"], default="auto",
+                   help="tasks to decide; auto = every task whose bundle is present")
+    p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override, e.g. deadline.qc_ms=8 or qc.bundle=/path (repeatable)")
+    p.add_argument("--window-s", type=float, default=10.0, help="window for the p99 series (s)")
+    p.add_argument("--label-tolerance-ms", type=float, default=5.0,
+                   help="scheduling delay allowed between a decision's deadline_met label and step's return "
+                        "(a loaded 2-core machine preempts a thread for a few ms)")
+    p.add_argument("--leak-kb-per-s", type=float, default=0.0,
+                   help="TEST ONLY: keep this many kB per second alive on purpose (checks the leak detector)")
+
+
+# -- inputs ---------------------------------------------------------------------------------------
+def _pool(task: str, n: int) -> list[tuple[np.ndarray, np.ndarray | None]]:
+    if task == "qc":
+        from sol_control.tasks.qc import make_sample
+
+        return [(make_sample("test", i).image, None) for i in range(n)]
+    from sol_control.tasks.grasp import make_sample
+
+    return [(s.image, s.joints_rad) for s in (make_sample("test", i) for i in range(n))]
+
+
+def _telemetry(image: np.ndarray, joints_rad: np.ndarray | None, stamp_ns: int, start_ns: int):
+    from sol_control.telemetry import Frame, Joints, Telemetry
+
+    joints = None
+    if joints_rad is not None:
+        joints = Joints(tuple(f"joint{i + 1}" for i in range(len(joints_rad))), joints_rad,
+                        np.zeros(0), stamp_ns)
+    return Telemetry(Frame(image, stamp_ns, start_ns, "soak_camera"), joints=joints)
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return math.nan
+
+
+# -- recording (no allocation per decision) ---------------------------------------------------------
+class TaskRecord:
+    def __init__(self, window_capacity: int, margin_ms: float, tolerance_ms: float):
+        self.margin_ms = margin_ms  # publish_margin_ms: the guard's allowance for what follows its label
+        self.tolerance_ms = tolerance_ms  # scheduling delay between the label and step's return
+        self.hist = np.zeros(HIST_BINS, np.int64)
+        self.lag_hist = np.zeros(HIST_BINS, np.int64)  # measured - labelled latency
+        self.window = np.zeros(window_capacity, np.float64)
+        self.n_window = 0
+        self.window_p99_ms: list[float] = []
+        self.window_t_s: list[float] = []
+        self.sources: Counter[str] = Counter()
+        self.reasons: Counter[str] = Counter()
+        self.decisions = self.met = self.late_not_safe = self.mislabelled = self.late_after_label = 0
+        self.max_ms = 0.0
+        self.worst_late_ms = 0.0
+
+    def add(self, latency_ms: float, measured_ms: float, deadline_ms: float, met: bool, source: str, reason: str,
+            record: bool) -> None:
+        if not record:
+            return
+        self.decisions += 1
+        self.met += met
+        self.sources[source] += 1
+        if reason:
+            self.reasons[reason] += 1
+        if met and measured_ms > deadline_ms + self.margin_ms:
+            self.late_after_label += 1
+            if measured_ms > deadline_ms + self.margin_ms + self.tolerance_ms:
+                self.mislabelled += 1
+        self.lag_hist[min(max(int((measured_ms - latency_ms) / HIST_BIN_MS), 0), HIST_BINS - 1)] += 1
+        if not met and source != "safe_default":
+            self.late_not_safe += 1
+            self.worst_late_ms = max(self.worst_late_ms, latency_ms)
+        self.max_ms = max(self.max_ms, latency_ms)
+        self.hist[min(int(latency_ms / HIST_BIN_MS), HIST_BINS - 1)] += 1
+        if self.n_window < len(self.window):
+            self.window[self.n_window] = latency_ms
+            self.n_window += 1
+
+    def close_window(self, t_s: float) -> None:
+        if self.n_window:
+            self.window_p99_ms.append(float(np.percentile(self.window[: self.n_window], 99)))
+            self.window_t_s.append(t_s)
+        self.n_window = 0
+
+    def pct(self, q: float, hist: np.ndarray | None = None) -> float:
+        hist = self.hist if hist is None else hist
+        total = hist.sum()
+        if not total:
+            return math.nan
+        i = int(np.searchsorted(np.cumsum(hist), q / 100.0 * total))
+        return (i + 0.5) * HIST_BIN_MS
+
+    def summary(self, deadline_ms: float) -> dict:
+        w = self.window_p99_ms
+        drift = _drift(w)
+        median_p99 = float(np.median(w)) if w else math.nan
+        return {
+            "deadline_ms": deadline_ms, "decisions": self.decisions,
+            "p50_ms": self.pct(50), "p99_ms": self.pct(99), "p999_ms": self.pct(99.9), "max_ms": self.max_ms,
+            "deadline_hit_rate": self.met / self.decisions if self.decisions else math.nan,
+            "sources": dict(self.sources), "reasons": dict(self.reasons.most_common(8)),
+            "late_not_safe_default": self.late_not_safe, "worst_late_not_safe_default_ms": self.worst_late_ms,
+            "mislabelled": self.mislabelled, "late_after_label": self.late_after_label,
+            "label_lag_p99_ms": self.pct(99, self.lag_hist), "label_lag_max_ms": self.pct(100, self.lag_hist),
+            "window_p99_ms": [round(x, 3) for x in w], "median_window_p99_ms": median_p99, "p99_drift_ms": drift,
+            "p99_stable": drift <= max(2.0, 0.25 * median_p99) if w else False,
+        }
+
+
+# -- the run --------------------------------------------------------------------------------------
+def _config(args: argparse.Namespace):
+    from sol_control.config import NodeConfig, apply_overrides
+
+    cfg = apply_overrides(NodeConfig(), list(args.param))
+    mode = args.mode
+    if mode == "auto":
+        have = [t for t in ("qc", "grasp") if (cfg.bundle_dir(t) / "manifest.json").is_file()]
+        if not have:
+            raise ValueError("no bundle found for qc or grasp: pass --param qc.bundle=DIR or build models/")
+        mode = "both" if len(have) == 2 else have[0]
+    return apply_overrides(cfg, [f"mode={mode}"])
+
+
+class Driver:
+    """One task's worker, as in the node: frames arrive every `period_ns`; when the previous decision
+    ran long, the frames that arrived meanwhile are superseded and only the newest is decided. The
+    decision is relabelled right before it is "published" (`on_time_or_safe`, as the node does)."""
+
+    def __init__(self, cop, task: str, record: TaskRecord, pool: list, period_ns: int, t0: int, warmup_ns: int,
+                 window_ns: int, end_ns: int):
+        self.cop, self.task, self.record, self.pool = cop, task, record, pool
+        self.period_ns, self.t0, self.warmup_ns, self.window_ns, self.end_ns = period_ns, t0, warmup_ns, window_ns, end_ns
+        self.ticks = self.decided = self.skipped = self.rejected = self.failed = 0
+        self.cpu_ms_per_decision: list[float] = []  # per window: this thread's own CPU per decision
+        self.load_1min: list[float] = []
+        self.thread = threading.Thread(target=self._run, name=f"soak-{task}", daemon=True)
+
+    def _run(self) -> None:
+        from sol_control.guard import on_time_or_safe
+        from sol_control.telemetry import InputRejected
+
+        next_tick, next_window = self.t0, self.t0 + self.warmup_ns + self.window_ns
+        cpu0, n0 = None, 0
+        while True:
+            now = time.monotonic_ns()
+            if now >= self.end_ns:
+                return
+            if now < next_tick:
+                time.sleep((next_tick - now) / NS_PER_S)
+                continue
+            behind = (now - next_tick) // self.period_ns  # latest value: older frames are superseded
+            self.skipped += behind
+            arrival = next_tick + behind * self.period_ns
+            next_tick = arrival + self.period_ns
+            self.ticks += behind + 1
+            image, joints = self.pool[self.decided % POOL]
+            try:
+                d = self.cop.step(_telemetry(image, joints, stamp_ns=arrival, start_ns=arrival), task=self.task)
+                d = on_time_or_safe(d)  # the node's publish-time label
+            except InputRejected:
+                self.rejected += 1  # the node counts these and publishes nothing: not a miss
+                continue
+            except Exception:  # noqa: BLE001 - the node would publish a safe default; here: a failure
+                self.failed += 1
+                continue
+            measured_ms = (time.monotonic_ns() - arrival) / NS_PER_MS
+            self.decided += 1
+            self.record.add(d.latency_ms, measured_ms, d.deadline_ms, d.deadline_met, d.source, d.reason,
+                            record=arrival - self.t0 >= self.warmup_ns)
+            if now >= next_window:
+                self.record.close_window((now - self.t0) / NS_PER_S)
+                cpu = time.thread_time_ns()  # this thread runs perception, the guard and ONNX Runtime
+                if cpu0 is not None:
+                    self.cpu_ms_per_decision.append((cpu - cpu0) / NS_PER_MS / max(self.record.decisions - n0, 1))
+                    self.load_1min.append(os.getloadavg()[0])
+                cpu0, n0 = cpu, self.record.decisions
+                next_window += self.window_ns
+
+
+def soak(args: argparse.Namespace) -> dict:
+    from sol_control.coprocessor import Coprocessor
+
+    cfg = _config(args)
+    duration_s = args.minutes * 60.0
+    if not duration_s > 0 or not args.rate_x > 0:
+        raise ValueError(f"--minutes and --rate-x must be positive, got {args.minutes}, {args.rate_x}")
+    warmup_s = min(60.0, max(5.0, 0.2 * duration_s))
+    rate_hz = NOMINAL_HZ * args.rate_x
+    cop = Coprocessor(cfg)
+    try:
+        cop.warmup()
+        pools = {t: _pool(t, POOL) for t in cop.tasks}
+        records = {t: TaskRecord(int(rate_hz * args.window_s) + 16, cfg.deadline.publish_margin_ms,
+                                 args.label_tolerance_ms) for t in cop.tasks}
+        rss_series: list[tuple[float, float]] = []
+        leak: list[bytes] = []
+        t0 = time.monotonic_ns()
+        end = t0 + int(duration_s * NS_PER_S)
+        drivers = [Driver(cop, t, records[t], pools[t], int(NS_PER_S / rate_hz), t0, int(warmup_s * NS_PER_S),
+                          int(args.window_s * NS_PER_S), end) for t in cop.tasks]
+        for d in drivers:
+            d.thread.start()
+        while (now := time.monotonic_ns()) < end:  # this thread only samples memory, once a second
+            rss_series.append(((now - t0) / NS_PER_S, rss_mb()))
+            if args.leak_kb_per_s > 0:
+                leak.append(b"\x01" * int(args.leak_kb_per_s * 1024))  # touched pages: counted in RSS
+            time.sleep(max(0.0, min(1.0, (end - now) / NS_PER_S)))
+        for d in drivers:
+            d.thread.join(timeout=60.0)
+        wall_s = (time.monotonic_ns() - t0) / NS_PER_S
+    finally:
+        cop.close()
+    res = _report(cfg, args, records, rss_series, warmup_s, wall_s, drivers)
+    return res
+
+
+def _drift(series: list[float]) -> float:
+    """Median of the last third minus median of the first third of a per-window series."""
+    if len(series) < 2:
+        return 0.0
+    third = max(1, len(series) // 3)
+    return float(np.median(series[-third:])) - float(np.median(series[:third]))
+
+
+def _report(cfg, args, records, rss_series, warmup_s, wall_s, drivers) -> dict:
+    after = [mb for t, mb in rss_series if t >= warmup_s]
+    warm = float(np.median(after[:5])) if after else math.nan
+    last = float(np.median(after[-5:])) if after else math.nan
+    tasks = {t: r.summary(cfg.deadline.for_task(t)) for t, r in records.items()}
+    for d in drivers:
+        cpu = d.cpu_ms_per_decision
+        tasks[d.task].update({
+            "frames": d.ticks, "frames_decided": d.decided, "frames_skipped": d.skipped,
+            "rejected_inputs": d.rejected, "failed": d.failed, "cpu_ms_per_decision": [round(x, 4) for x in cpu],
+            "cpu_drift": _drift(cpu) / max(float(np.median(cpu)), 1e-9) if cpu else math.nan})
+    unlabelled = sum(d.failed for d in drivers) + sum(s["mislabelled"] for s in tasks.values())
+    growth = last - warm
+    criteria = {"rss_growth_under_5mb": bool(growth < 5.0), "zero_unlabelled_misses": unlabelled == 0,
+                "p99_stable": all(s["p99_stable"] for s in tasks.values())}
+    load = [x for d in drivers for x in d.load_1min]
+    drifts = [abs(s["cpu_drift"]) for s in tasks.values() if math.isfinite(s["cpu_drift"])]
+    return {
+        "what": "Coprocessor core in-process (no DDS): real bundles, ONNX Runtime, deadline guard",
+        "minutes": args.minutes, "rate_x": args.rate_x, "rate_hz": NOMINAL_HZ * args.rate_x, "mode": cfg.mode,
+        "audit_rate": cfg.audit_rate, "warmup_s": warmup_s, "wall_s": wall_s,
+        "frames": sum(d.ticks for d in drivers), "frames_decided": sum(d.decided for d in drivers),
+        "frames_skipped": sum(d.skipped for d in drivers),
+        "decisions_per_s": sum(s["decisions"] for s in tasks.values()) / max(wall_s - warmup_s, 1e-9),
+        "cpu_drift": max(drifts) if drifts else math.nan, "load_1min": [round(x, 2) for x in load],
+        "unlabelled_misses": unlabelled,
+        "rss_mb": {"after_warmup": warm, "end": last, "max": max(after) if after else math.nan,
+                   "growth": growth, "series": [(round(t, 1), round(mb, 2)) for t, mb in rss_series]},
+        "rss_growth_mb": growth, "tasks": tasks, "criteria": criteria, "pass": all(criteria.values()),
+        "leak_kb_per_s": args.leak_kb_per_s,
+    }
+
+
+def _print(res: dict) -> None:
+    from sol_control.bench.common import table
+
+    print(f"soak: {res['what']}")
+    print(f"{res['wall_s']:.0f} s at {res['rate_hz']:.0f} Hz (mode {res['mode']}, audit_rate {res['audit_rate']}), "
+          f"warm-up {res['warmup_s']:.0f} s; frames {res['frames']}, decided {res['frames_decided']}, "
+          f"skipped (latest value) {res['frames_skipped']}")
+    rows = []
+    for t, s in res["tasks"].items():
+        src = ", ".join(f"{k} {v}" for k, v in sorted(s["sources"].items()))
+        rows.append([t, str(s["decisions"]), f"{s['p50_ms']:.2f}", f"{s['p99_ms']:.2f}", f"{s['max_ms']:.1f}",
+                     f"{s['deadline_hit_rate']:.4f}", f"{s['p99_drift_ms']:+.2f}", str(s["late_not_safe_default"]),
+                     src])
+    print(table(["task", "decisions", "p50 ms", "p99 ms", "max ms", "hit rate", "p99 drift", "late !safe", "sources"],
+                rows))
+    r = res["rss_mb"]
+    print(f"RSS after warm-up {r['after_warmup']:.1f} MB, end {r['end']:.1f} MB, growth {r['growth']:+.2f} MB; "
+          f"unlabelled misses {res['unlabelled_misses']}")
+    cpu = {t: s["cpu_ms_per_decision"] for t, s in res["tasks"].items() if s["cpu_ms_per_decision"]}
+    if cpu:
+        print("own CPU per decision: " + ", ".join(f"{t} {np.median(c):.2f} ms (drift {res['tasks'][t]['cpu_drift']:+.1%})"
+                                                   for t, c in cpu.items())
+              + f"; machine load (1 min) {min(res['load_1min']):.1f}..{max(res['load_1min']):.1f}")
+    print("PASS" if res["pass"] else "FAIL: " + ", ".join(k for k, ok in res["criteria"].items() if not ok))
+
+
+def run(args: argparse.Namespace) -> int:
+    res = soak(args)
+    _print(res)
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=2, default=float) + "\n")
+    return 0 if res["pass"] else 1

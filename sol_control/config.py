@@ -1,0 +1,312 @@
+"""The node's typed configuration: the single source of truth for ROS parameters, YAML and CLI.
+
+Every field carries a description and its range; `param_specs()` turns the models into the flat,
+dotted ROS parameter names (`deadline.qc_ms`) with descriptors, `from_flat()` builds a validated
+config back from them, `load_yaml()` reads a ROS params file and `apply_overrides()` takes CLI
+`KEY=VALUE` pairs. Invalid values raise ValueError naming the field and the value given.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+import annotated_types as at
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+NODE_NAME = "sol_control"
+Task = Literal["qc", "grasp"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class DeadlineConfig(Strict):
+    qc_ms: float = Field(10.0, gt=0.0, le=60000.0,
+                         description="QC decision deadline, counted from the image header stamp (ms)")
+    grasp_ms: float = Field(10.0, gt=0.0, le=60000.0,
+                            description="grasp decision deadline, counted from the image header stamp (ms)")
+    publish_margin_ms: float = Field(0.3, ge=0.0, le=100.0,
+                                     description="budget kept back for conversion and publishing (ms)")
+    fast_share: float = Field(1.0, gt=0.0, le=1.0,
+                              description="largest share of the remaining budget the fast path may use")
+    reserve_full_precision: bool = Field(
+        True, description="when the deadline holds both, keep the full-precision planner's estimated "
+                          "latency free for it by shortening the fast path's budget")
+    min_fast_ms: float = Field(2.0, ge=0.0, le=60000.0,
+                               description="never shorten the fast path's budget below this (ms)")
+    full_precision_safety: float = Field(1.2, ge=1.0, le=10.0,
+                                         description="multiplier on the full-precision planner's measured "
+                                                     "p95 latency when judging whether it fits")
+    max_staleness_ms: float = Field(100.0, gt=0.0, le=600000.0,
+                                    description="frames older than this (header stamp to now) are not decided on (ms)")
+    max_future_ms: float = Field(20.0, ge=0.0, le=60000.0,
+                                 description="tolerated clock skew for stamps in the future (ms)")
+    sensor_timeout_ms: float = Field(1000.0, gt=0.0, le=600000.0,
+                                     description="without a usable frame for this long the node publishes safe "
+                                                 "defaults and an ERROR diagnostic (ms)")
+    output_deadline_ms: float = Field(500.0, ge=0.0, le=600000.0,
+                                      description="QoS deadline offered on decision topics; 0 disables (ms)")
+
+    def for_task(self, task: Task) -> float:
+        return self.qc_ms if task == "qc" else self.grasp_ms
+
+
+class DecodingConfig(Strict):
+    fast_precision: Literal["int8", "int4"] = Field("int8", description="target precision of the fast path")
+    draft_precision: Literal["auto", "fp32", "int8", "int4"] = Field(
+        "auto", description="draft model precision; auto = the smallest file the bundle has for the draft")
+    k: int = Field(0, ge=0, le=16, description="draft tokens per verification; 0 = engine default (adaptive)")
+    relax_delta: int = Field(0, ge=0, le=16,
+                             description="lossy speed-up: accept a draft bin token within this many bins of the "
+                                         "target's choice (0 = exact, output identical to greedy)")
+    threads: int = Field(1, ge=1, le=8, description="ONNX Runtime intra-op threads per session")
+    standard_only: bool = Field(False, description="skip the fast path: every decision from the fp32 planner "
+                                                   "(the 'standard' baseline for comparisons)")
+    warmup_runs: int = Field(8, ge=1, le=1000,
+                             description="decisions run at activation per planner (also seeds the latency model)")
+
+
+class QCConfig(Strict):
+    bundle: str = Field("", description="QC model bundle folder; empty = the shipped models/qc")
+    min_confidence: float = Field(0.5, ge=0.0, le=1.0,
+                                  description="fast-path QC results below this confidence go to full precision")
+    uncertain_below: float = Field(0.5, ge=0.0, le=1.0,
+                                   description="final QC verdicts below this confidence become 'uncertain'")
+    camera_to_ejector_m: float = Field(0.5, ge=0.0, le=100.0,
+                                       description="belt distance from the camera centre to the ejector (m)")
+
+
+class GraspConfig(Strict):
+    bundle: str = Field("", description="grasp model bundle folder; empty = the shipped models/grasp")
+    min_confidence: float = Field(0.3, ge=0.0, le=1.0,
+                                  description="fast-path grasps below this confidence go to full precision")
+    frame_id: str = Field("pick_table", description="frame of grasp outputs; empty = the image header frame")
+
+
+class LimitsConfig(Strict):
+    """The cell's safe envelope for grasps, in frame pick_table (REP-103: m, rad, N)."""
+
+    x_min_m: float = Field(-0.12, ge=-10.0, le=10.0, description="workspace lower x bound (m)")
+    x_max_m: float = Field(0.12, ge=-10.0, le=10.0, description="workspace upper x bound (m)")
+    y_min_m: float = Field(-0.12, ge=-10.0, le=10.0, description="workspace lower y bound (m)")
+    y_max_m: float = Field(0.12, ge=-10.0, le=10.0, description="workspace upper y bound (m)")
+    z_min_m: float = Field(0.0, ge=-10.0, le=10.0, description="workspace lower z bound (m)")
+    z_max_m: float = Field(0.4, ge=-10.0, le=10.0, description="workspace upper z bound (m)")
+    width_min_m: float = Field(0.0, ge=0.0, le=2.0, description="smallest gripper opening (m)")
+    width_max_m: float = Field(0.11, ge=0.0, le=2.0, description="largest gripper opening (m)")
+    force_min_n: float = Field(0.0, ge=0.0, le=10000.0, description="smallest grip force (N)")
+    force_max_n: float = Field(80.0, ge=0.0, le=10000.0, description="largest grip force (N)")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "LimitsConfig":
+        for lo, hi in (("x_min_m", "x_max_m"), ("y_min_m", "y_max_m"), ("z_min_m", "z_max_m"),
+                       ("width_min_m", "width_max_m"), ("force_min_n", "force_max_n")):
+            if getattr(self, lo) > getattr(self, hi):
+                raise ValueError(f"limits.{lo} must be <= limits.{hi}, got {getattr(self, lo)} > {getattr(self, hi)}")
+        return self
+
+
+class InputConfig(Strict):
+    max_image_pixels: int = Field(4_194_304, ge=1, le=100_000_000,
+                                  description="images with more pixels (width*height) are rejected")
+    max_compressed_bytes: int = Field(8_388_608, ge=1, le=1_000_000_000,
+                                      description="compressed images larger than this are rejected (bytes)")
+    max_joint_abs: float = Field(1000.0, gt=0.0, le=1e9,
+                                 description="joint positions/velocities beyond this magnitude are rejected")
+    max_wrench_abs: float = Field(10000.0, gt=0.0, le=1e9,
+                                  description="force (N) / torque (N m) components beyond this are rejected")
+    max_belt_speed_mps: float = Field(10.0, gt=0.0, le=1000.0,
+                                      description="conveyor speeds beyond this are rejected (m/s)")
+
+
+class FaultInjection(Strict):
+    """Test hooks, all off by default: they slow or break the planners on purpose."""
+
+    fast_delay_ms: float = Field(0.0, ge=0.0, le=60000.0, description="TEST ONLY: sleep added inside the fast planner (ms)")
+    fast_raise: bool = Field(False, description="TEST ONLY: the fast planner raises")
+    full_delay_ms: float = Field(0.0, ge=0.0, le=60000.0, description="TEST ONLY: sleep added inside the full-precision planner (ms)")
+
+
+class NodeConfig(Strict):
+    mode: Literal["qc", "grasp", "both"] = Field("both", description="which decisions to make: qc, grasp or both")
+    nice: int = Field(0, ge=-20, le=19,
+                      description="CPU priority (Linux nice) of the node's threads at activation, except the "
+                                  "shadow audit (always 19); below 0 needs CAP_SYS_NICE, 0 = leave as is")
+    autostart: bool = Field(True, description="configure and activate at start (no lifecycle manager needed)")
+    audit_rate: float = Field(0.05, ge=0.0, le=1.0,
+                              description="fraction of fast decisions recomputed at full precision in the background")
+    deadline: DeadlineConfig = DeadlineConfig()
+    decoding: DecodingConfig = DecodingConfig()
+    qc: QCConfig = QCConfig()
+    grasp: GraspConfig = GraspConfig()
+    limits: LimitsConfig = LimitsConfig()
+    inputs: InputConfig = InputConfig()
+    fault_injection: FaultInjection = FaultInjection()
+
+    @property
+    def tasks(self) -> tuple[Task, ...]:
+        return ("qc", "grasp") if self.mode == "both" else (self.mode,)
+
+    def bundle_dir(self, task: Task) -> Path:
+        given = (self.qc if task == "qc" else self.grasp).bundle
+        return Path(given).expanduser() if given else shipped_bundle(task)
+
+
+# Fields that only take effect at the next configure (sessions are built then).
+STRUCTURAL = ("mode", "nice", "decoding.fast_precision", "decoding.draft_precision", "decoding.threads", "decoding.k",
+              "decoding.relax_delta",
+              "decoding.warmup_runs", "qc.bundle", "grasp.bundle", "deadline.output_deadline_ms")
+
+
+def shipped_bundle(task: Task) -> Path:
+    """models/<task> next to the source tree, or share/sol_control/models/<task> when installed."""
+    here = Path(__file__).resolve().parent
+    candidates = [here.parent / "models" / task]
+    try:  # an ament install (colcon) puts data under share/
+        from ament_index_python.packages import get_package_share_directory
+
+        candidates.append(Path(get_package_share_directory(NODE_NAME)) / "models" / task)
+    except Exception:  # noqa: BLE001 - ament index absent or package not installed: not an error here
+        pass
+    for c in candidates:
+        if (c / "manifest.json").is_file():
+            return c
+    return candidates[0]
+
+
+# -- flat views: ROS parameters, YAML, CLI ------------------------------------------------------
+@dataclass(frozen=True)
+class ParamSpec:
+    name: str  # dotted: "deadline.qc_ms"
+    kind: type  # bool, int, float or str
+    default: Any
+    description: str
+    low: float | None = None
+    high: float | None = None
+    choices: tuple[str, ...] = ()
+
+
+def _bounds(metadata: list[Any]) -> tuple[float | None, float | None]:
+    low = high = None
+    for m in metadata:
+        if isinstance(m, (at.Ge, at.Gt)):
+            low = getattr(m, "ge", None) if isinstance(m, at.Ge) else m.gt
+        if isinstance(m, (at.Le, at.Lt)):
+            high = getattr(m, "le", None) if isinstance(m, at.Le) else m.lt
+    return low, high
+
+
+def param_specs(model: type[BaseModel] = NodeConfig, prefix: str = "") -> list[ParamSpec]:
+    specs: list[ParamSpec] = []
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        full = f"{prefix}{name}"
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            specs.extend(param_specs(ann, full + "."))
+            continue
+        choices: tuple[str, ...] = ()
+        if get_origin(ann) is Literal:
+            choices, kind = tuple(get_args(ann)), str
+        else:
+            kind = ann
+        low, high = _bounds(field.metadata)
+        desc = field.description or ""
+        if choices:
+            desc += f" (one of: {', '.join(choices)})"
+        specs.append(ParamSpec(full, kind, field.default, desc, low, high, choices))
+    return specs
+
+
+def to_flat(cfg: NodeConfig) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+
+    def walk(d: dict[str, Any], prefix: str) -> None:
+        for k, v in d.items():
+            if isinstance(v, dict):
+                walk(v, f"{prefix}{k}.")
+            else:
+                out[f"{prefix}{k}"] = v
+    walk(cfg.model_dump(), "")
+    return out
+
+
+def _nest(flat: dict[str, Any]) -> dict[str, Any]:
+    nested: dict[str, Any] = {}
+    for key, value in flat.items():
+        node = nested
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"parameter {key!r}: {p!r} is not a group")
+        node[leaf] = value
+    return nested
+
+
+def _explain(e: ValidationError) -> str:
+    parts = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "config"
+        parts.append(f"{loc}: {err['msg']} (given {err.get('input')!r})")
+    return "; ".join(parts)
+
+
+def validate(data: dict[str, Any]) -> NodeConfig:
+    """Nested dict -> NodeConfig; ValueError names each bad field and the value given."""
+    try:
+        return NodeConfig.model_validate(data)
+    except ValidationError as e:
+        raise ValueError(f"invalid sol_control config: {_explain(e)}") from None
+
+
+def from_flat(flat: dict[str, Any], base: NodeConfig | None = None) -> NodeConfig:
+    """Dotted keys (ROS parameter names) -> NodeConfig, on top of `base` (defaults if None)."""
+    merged = to_flat(base) if base is not None else {}
+    merged.update(flat)
+    return validate(_nest(merged))
+
+
+def load_yaml(path: str | Path, node_name: str = NODE_NAME) -> NodeConfig:
+    """Read a ROS 2 params file (`<node>: ros__parameters: {...}` or `/**:`) into a NodeConfig."""
+    import yaml
+
+    text = Path(path).read_text()
+    doc = yaml.safe_load(text) or {}
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: a ROS params file must be a mapping, got {type(doc).__name__}")
+    params: dict[str, Any] = {}
+    for key in ("/**", node_name, f"/{node_name}", f"/**/{node_name}"):
+        section = doc.get(key)
+        if isinstance(section, dict):
+            params.update(_flatten_plain(section.get("ros__parameters") or {}))
+    if not params and doc:
+        raise ValueError(f"{path}: no '{node_name}: ros__parameters:' section (keys {sorted(doc)})")
+    return from_flat(params)
+
+
+def _flatten_plain(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten_plain(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def apply_overrides(cfg: NodeConfig, pairs: list[str]) -> NodeConfig:
+    """CLI `KEY=VALUE` pairs (YAML scalars: 5, 0.5, true, qc) on top of `cfg`."""
+    import yaml
+
+    known = {s.name for s in param_specs()}
+    flat: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in known:
+            raise ValueError(f"override {pair!r}: expected KEY=VALUE with KEY one of the parameters "
+                             f"(e.g. deadline.qc_ms=8)")
+        flat[key] = yaml.safe_load(raw) if raw.strip() else ""
+    return from_flat(flat, base=cfg)

@@ -1,0 +1,172 @@
+"""The co-processor without ROS: `step(telemetry, budget) -> Decision`.
+
+    Telemetry (frame + joints + conveyor) ─► perception: observation tokens (prefix ids)
+        ─► deadline guard: fast | full_precision | safe_default ─► Decision (+ QC eject time)
+
+One `TaskPipeline` per task (qc, grasp), each with its own bundle, sessions and guard. Everything
+heavy (sha256 checks, ONNX sessions, KV caches, warm-up) happens in `Coprocessor.__init__` and
+`warmup()`; `step` only runs models. The live config can be swapped at run time (`set_config`):
+deadlines, thresholds, limits, audit rate and fault injection apply to the next decision.
+"""
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from sol_control.actions import ActionTokenizer, QCVerdict
+from sol_control.budget import Budget
+from sol_control.bundle import Bundle
+from sol_control.config import NodeConfig, Task
+from sol_control.guard import Auditor, Decision, DeadlineGuard
+from sol_control.planners import FastPlanner, FullPrecisionPlanner
+from sol_control.tasks.common import N_ARM_JOINTS
+from sol_control.telemetry import Conveyor, InputRejected, Telemetry, decode_compressed
+
+NS_PER_S = 1_000_000_000
+NS_PER_MS = 1_000_000
+
+
+def eject_time_ns(stamp_ns: int, conveyor: Conveyor | None, camera_to_ejector_m: float) -> int:
+    """When the part seen at `stamp_ns` under the camera reaches the ejector, on the ROS clock.
+
+    Belt position at the image stamp, extrapolated from the newest conveyor reading, plus the
+    camera-to-ejector distance, gives the belt position to wait for; at the measured belt speed
+    that is reached at the returned time. 0 when the belt is stopped, reversing or unknown."""
+    if conveyor is None or not (conveyor.velocity_mps > 1e-6) or not math.isfinite(conveyor.position_m):
+        return 0
+    v = conveyor.velocity_mps
+    pos_at_image_m = conveyor.position_m + v * (stamp_ns - conveyor.stamp_ns) / NS_PER_S
+    target_m = pos_at_image_m + camera_to_ejector_m
+    return int(conveyor.stamp_ns + (target_m - conveyor.position_m) / v * NS_PER_S)
+
+
+class TaskPipeline:
+    def __init__(self, task: Task, bundle_dir, config_fn, with_audit: bool):
+        from sol_control.perception import ObservationTokenizer
+
+        cfg: NodeConfig = config_fn()
+        self.task = task
+        self.bundle = Bundle.load(bundle_dir)  # verifies every sha256 before any session exists
+        self.observation = ObservationTokenizer.from_bundle(self.bundle)
+        self.actions = ActionTokenizer.from_manifest(self.bundle.manifest)
+        if self.actions.task != task:
+            raise ValueError(f"{task}.bundle {bundle_dir} holds a {self.actions.task} model, not {task}")
+        n = self.actions.n_tokens
+        self.fast = FastPlanner(self.bundle, n, cfg.decoding, bin_range=self.actions.bin_range)
+        self.full = FullPrecisionPlanner(self.bundle, n, cfg.decoding)
+        self.auditor = None
+        if with_audit:
+            self.auditor = Auditor(FullPrecisionPlanner(self.bundle, n, cfg.decoding, tag="-audit"),
+                                   ActionTokenizer.from_manifest(self.bundle.manifest))
+        self.guard = DeadlineGuard(task, self.fast, self.full, self.actions, config_fn,
+                                   audit=self.auditor.submit if self.auditor else None)
+
+    def prefix(self, telemetry: Telemetry) -> np.ndarray:
+        frame = telemetry.frame
+        image = frame.image_rgb
+        if image is None:
+            image = decode_compressed(frame.compressed or b"", frame.compressed_format)
+        joints = None
+        if self.task == "grasp" and telemetry.joints is not None:
+            q = telemetry.joints.position_rad
+            if len(q) < N_ARM_JOINTS:  # arm joints first; extra entries (gripper fingers) are ignored
+                raise InputRejected("joints_length_mismatch", f"{len(q)} joints, the arm has {N_ARM_JOINTS}")
+            joints = q[:N_ARM_JOINTS]
+        try:
+            return self.observation.encode(image, joints)
+        except ValueError as e:
+            raise InputRejected("image_unusable", str(e)) from None
+
+    def warmup_prefixes(self, n: int) -> list[np.ndarray]:
+        """Prefixes of `n` generated test-split scenes of this task (real parts, varied poses)."""
+        if self.task == "qc":
+            from sol_control.tasks.qc import make_sample
+
+            return [self.observation.encode(make_sample("test", i).image, None) for i in range(n)]
+        from sol_control.tasks.grasp import make_sample
+
+        return [self.observation.encode(s.image, s.joints_rad) for s in (make_sample("test", i) for i in range(n))]
+
+    def close(self) -> None:
+        if self.auditor is not None:
+            self.auditor.close()
+
+
+class Coprocessor:
+    """Loads the bundles for `cfg.mode`; `step` decides one task on one telemetry snapshot."""
+
+    def __init__(self, cfg: NodeConfig):
+        self._cfg = cfg
+        self._lock = threading.Lock()
+        with_audit = cfg.audit_rate > 0
+        self.pipelines: dict[str, TaskPipeline] = {
+            task: TaskPipeline(task, cfg.bundle_dir(task), self.config, with_audit) for task in cfg.tasks}
+
+    # -- config ----------------------------------------------------------------------------------
+    def config(self) -> NodeConfig:
+        return self._cfg
+
+    def set_config(self, cfg: NodeConfig) -> None:
+        self._cfg = cfg  # one reference swap: a decision reads either the old or the new config
+
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        return tuple(self.pipelines)
+
+    # -- run -------------------------------------------------------------------------------------
+    def warmup(self, runs: int | None = None) -> dict[str, float]:
+        """Run each pipeline's planners on a blank image so the first live decision is warm; seeds
+        the full-precision latency model. Returns the last full-precision latency per task (ms)."""
+        runs = runs or self._cfg.decoding.warmup_runs
+        out = {}
+        for task, p in self.pipelines.items():
+            for prefix in p.warmup_prefixes(runs):
+                p.guard.measure_fast(prefix)
+                out[task] = p.guard.measure_full(prefix)
+        return out
+
+    def budget_for(self, task: str, telemetry: Telemetry) -> Budget:
+        return Budget.after_ms(self._cfg.deadline.for_task(task), start_ns=telemetry.frame.start_mono_ns)
+
+    def step(self, telemetry: Telemetry, budget: Budget | None = None, task: str | None = None) -> Decision:
+        """Decide `task` (default: the only configured one) for this snapshot within `budget`
+        (default: the task's deadline from the sensor stamp). Raises InputRejected for frames that
+        cannot be decided on (the caller counts them); any other failure becomes a fallback."""
+        task = task or self.tasks[0]
+        p = self.pipelines[task]
+        budget = budget or self.budget_for(task, telemetry)
+        t0 = time.monotonic_ns()
+        prefix = p.prefix(telemetry)
+        t1 = time.monotonic_ns()
+        d = p.guard.decide(prefix, budget, telemetry.stamp_ns, telemetry.frame.frame_id)
+        eject = 0
+        if task == "qc" and isinstance(d.action, QCVerdict):
+            eject = eject_time_ns(telemetry.stamp_ns, telemetry.conveyor, self._cfg.qc.camera_to_ejector_m)
+        return replace(d, eject_time_ns=eject, queue_ms=(t0 - budget.start_ns) / NS_PER_MS,
+                       perception_ms=(t1 - t0) / NS_PER_MS)
+
+    def background_thread_ids(self) -> set[int]:
+        return {p.auditor.native_id for p in self.pipelines.values() if p.auditor and p.auditor.native_id}
+
+    def stats(self) -> dict[str, dict[str, float]]:
+        out = {}
+        for task, p in self.pipelines.items():
+            a = p.auditor
+            out[task] = {
+                "full_precision_estimate_ms": p.guard.full_latency.estimate_ms(),
+                "fast_p50_ms": p.guard.fast_latency.estimate_ms(q=50.0),
+                "audited": a.audited if a else 0,
+                "audit_agreement": a.agreement if a else math.nan,
+                "audit_token_identical": (a.token_identical / a.audited) if (a and a.audited) else math.nan,
+                "audit_skipped": a.skipped if a else 0,
+            }
+        return out
+
+    def close(self) -> None:
+        for p in self.pipelines.values():
+            p.close()
+        self.pipelines = {}

@@ -1,0 +1,200 @@
+"""`sol-control eval`: a bundle's accuracy on generated test or held-out scenes, per precision.
+
+Scenes are regenerated from their seeds (`sol_control.tasks`), tokenized with the bundle's own
+observation tokenizer, decoded with the engine (plain greedy per target precision; speculative
+greedy with the draft, whose output must equal plain greedy), and scored against the analytic
+labels. QC: `accuracy` (class exact), `defect_recall` (defective parts not passed),
+`false_reject_rate`. Grasp: `success_rate` (position <= x tolerance, |yaw| <= yaw tolerance modulo
+pi, width <= width tolerance, all from the manifest) plus per-dimension errors. Speculative
+variants add `acceptance` (accepted / proposed draft tokens) and `mean_accepted`.
+
+    sol-control eval --bundle models/qc [--split test|heldout] [--n 500] [--json PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .actions import ActionTokenizer, GraspDecision, QCVerdict
+from .bundle import Bundle
+from .decoding import greedy, open_decoder, speculate
+from .perception import ObservationTokenizer
+
+DEFAULT_N = {"test": 500, "heldout": 500}
+
+
+def scenes(task: str, split: str, n: int, start: int = 0) -> list:
+    from .tasks import grasp, qc
+
+    gen = qc if task == "qc" else grasp
+    return [gen.make_sample(split, i) for i in range(start, start + n)]
+
+
+def encode_scenes(obs: ObservationTokenizer, samples: list) -> tuple[list[np.ndarray], list[dict]]:
+    prefixes, labels = [], []
+    for s in samples:
+        try:
+            prefixes.append(obs.encode(s.image, getattr(s, "joints_rad", None)))
+        except ValueError:
+            prefixes.append(None)  # unusable image: counted as a wrong answer
+        labels.append(s.label)
+    return prefixes, labels
+
+
+def _yaw_err(a: float, b: float) -> float:
+    return abs((a - b + math.pi / 2) % math.pi - math.pi / 2)
+
+
+def score(task: str, manifest, decisions: list, labels: list[dict]) -> dict:
+    """Metrics of decoded decisions (None = no decision) against analytic labels."""
+    n = len(labels)
+    if task == "qc":
+        correct = sum(d is not None and d.defect == lab["defect"] for d, lab in zip(decisions, labels))
+        bad = [(d, lab) for d, lab in zip(decisions, labels) if lab["defect"] != "ok"]
+        good = [(d, lab) for d, lab in zip(decisions, labels) if lab["defect"] == "ok"]
+        caught = sum(d is None or d.defect != "ok" for d, _ in bad)
+        false_rej = sum(d is None or d.defect != "ok" for d, _ in good)
+        loc = [math.hypot(d.u - lab["u"], d.v - lab["v"]) for d, lab in bad
+               if d is not None and lab["defect"] in ("scratch", "crack", "discoloration") and d.defect == lab["defect"]]
+        return {"accuracy": correct / n, "defect_recall": caught / max(len(bad), 1),
+                "false_reject_rate": false_rej / max(len(good), 1),
+                "location_err_p50": float(np.median(loc)) if loc else None, "n": n}
+    tol = {f.name: f.tolerance for f in manifest.actions}
+    ok, pos, yaw, width = 0, [], [], []
+    for d, lab in zip(decisions, labels):
+        if d is None:
+            continue
+        dp = math.sqrt((d.x_m - lab["x"]) ** 2 + (d.y_m - lab["y"]) ** 2 + (d.z_m - lab["z"]) ** 2)
+        dy = _yaw_err(d.yaw_rad, lab["yaw"])
+        dw = abs(d.width_m - lab["width"])
+        pos.append(dp), yaw.append(dy), width.append(dw)
+        ok += dp <= tol["x"] and dy <= tol["yaw"] and dw <= tol["width"]
+    pct = lambda xs, q, k: float(np.percentile(xs, q) * k) if xs else None  # noqa: E731
+    return {"success_rate": ok / n, "n": n,
+            "pos_within_tol": float(np.mean(np.array(pos) <= tol["x"])) if pos else 0.0,
+            "yaw_within_tol": float(np.mean(np.array(yaw) <= tol["yaw"])) if yaw else 0.0,
+            "width_within_tol": float(np.mean(np.array(width) <= tol["width"])) if width else 0.0,
+            "pos_err_mm_p50": pct(pos, 50, 1e3), "pos_err_mm_p95": pct(pos, 95, 1e3),
+            "yaw_err_deg_p50": pct(yaw, 50, 180 / math.pi), "yaw_err_deg_p95": pct(yaw, 95, 180 / math.pi),
+            "width_err_mm_p50": pct(width, 50, 1e3), "width_err_mm_p95": pct(width, 95, 1e3)}
+
+
+def run_variant(bundle: Bundle, precision: str, prefixes: list, n_act: int, acts: ActionTokenizer,
+                draft_precision: str | None = None, k: int = 4) -> tuple[list, list, dict]:
+    """Decode every prefix with one target precision (plus a draft = speculative)."""
+    target = open_decoder(bundle, "target", precision)
+    draft = open_decoder(bundle, "draft", draft_precision) if draft_precision else None
+    tokens, decisions, wall, proposed, accepted, passes = [], [], [], 0, 0, 0
+    for prefix in prefixes:
+        if prefix is None:
+            tokens.append(None), decisions.append(None)
+            continue
+        if draft is None:
+            res = greedy(target, prefix, n_act)
+        else:
+            res = speculate(draft, target, prefix, n_act, k=k)
+            proposed += res.stats.proposed
+            accepted += res.stats.accepted
+            passes += res.stats.verify_passes
+        wall.append(res.stats.wall_ms)
+        tokens.append(list(res.tokens))
+        try:
+            decisions.append(acts.decode(res.tokens, res.probs))
+        except ValueError:
+            decisions.append(None)  # a token outside its field: no valid decision
+    extra = {"decode_ms_p50": float(np.median(wall)) if wall else None,
+             "decode_ms_p99": float(np.percentile(wall, 99)) if wall else None}
+    if draft is not None:
+        extra.update(acceptance=accepted / max(proposed, 1), proposed=proposed, accepted=accepted,
+                     tokens_per_target_pass=(len(wall) * (n_act - 1)) / max(passes, 1), k=k)
+    return tokens, decisions, extra
+
+
+def variants(bundle: Bundle, precisions: tuple[str, ...]) -> list[tuple[str, str, str | None]]:
+    m = bundle.manifest
+    have = [p for p in precisions if p in m.target.files]
+    out = [(p, p, None) for p in have]
+    if m.draft is not None:
+        dp = "fp32" if "fp32" in m.draft.files else sorted(m.draft.files)[0]
+        out += [(f"{p}+draft", p, dp) for p in have if p != "fp32"] + [("fp32+draft", "fp32", dp)] * ("fp32" in have)
+    return out
+
+
+def evaluate(bundle_dir: str | Path, split: str = "test", precisions: tuple[str, ...] = ("fp32", "int8", "int4"),
+             json_path: str | Path | None = None, n: int | None = None, k: int = 4, quiet: bool = False) -> dict:
+    if split not in DEFAULT_N:
+        raise ValueError(f"split must be 'test' or 'heldout', got {split!r}")
+    bundle = Bundle.load(bundle_dir)
+    m = bundle.manifest
+    if m.task not in ("qc", "grasp"):
+        raise ValueError(f"bundle {bundle_dir}: task {m.task!r} has no evaluation scenes")
+    obs = ObservationTokenizer.from_bundle(bundle)
+    acts = ActionTokenizer.from_manifest(m)
+    n = n or DEFAULT_N[split]
+    t0 = time.monotonic()
+    prefixes, labels = encode_scenes(obs, scenes(m.task, split, n))
+    report = {"bundle": m.name, "task": m.task, "split": split, "n": n, "precisions": {}}
+    ref_tokens = None
+    for name, prec, draft_prec in variants(bundle, precisions):
+        tokens, decisions, extra = run_variant(bundle, prec, prefixes, acts.n_tokens, acts, draft_prec, k)
+        metrics = score(m.task, m, decisions, labels) | extra
+        if ref_tokens is None and name == "fp32":
+            ref_tokens = tokens
+        if ref_tokens is not None:
+            same = [a == b for a, b in zip(tokens, ref_tokens) if a is not None and b is not None]
+            metrics["agreement_with_fp32"] = float(np.mean(same)) if same else None
+        report["precisions"][name] = metrics
+        if not quiet:
+            print(f"  {name:12s} done ({time.monotonic() - t0:.0f} s)", flush=True)
+    report["eval_s"] = round(time.monotonic() - t0, 1)
+    if not quiet:
+        print(format_table(report))
+    if json_path:
+        Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def format_table(report: dict) -> str:
+    if report["task"] == "qc":
+        cols = ["accuracy", "defect_recall", "false_reject_rate", "acceptance", "agreement_with_fp32", "decode_ms_p50"]
+    else:
+        cols = ["success_rate", "pos_err_mm_p95", "yaw_err_deg_p95", "width_err_mm_p95", "acceptance",
+                "agreement_with_fp32", "decode_ms_p50"]
+    lines = [f"{report['bundle']} ({report['task']}), split {report['split']}, {report['n']} scenes",
+             f"{'variant':12s} " + " ".join(f"{c:>20s}" for c in cols)]
+    for name, met in report["precisions"].items():
+        cells = []
+        for c in cols:
+            v = met.get(c)
+            cells.append(f"{'-':>20s}" if v is None else f"{v:20.4f}")
+        lines.append(f"{name:12s} " + " ".join(cells))
+    return "\n".join(lines)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bundle", required=True, help="bundle folder, e.g. models/qc")
+    p.add_argument("--split", default="test", choices=sorted(DEFAULT_N))
+    p.add_argument("--n", type=int, default=None, help="number of scenes (default 500)")
+    p.add_argument("--precisions", default="fp32,int8,int4")
+    p.add_argument("--k", type=int, default=4, help="draft tokens per speculative step")
+    p.add_argument("--json", dest="json_path", default=None)
+
+
+def run(args: argparse.Namespace) -> int:
+    evaluate(args.bundle, args.split, tuple(args.precisions.split(",")), args.json_path, args.n, args.k)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="sol-control eval", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,290 @@
+"""Observation tokenizer: camera image (+ joints) -> a short prefix of token ids, BOS ... SEP.
+
+Prefill dominates a decision's latency, so the prefix is short (~20 tokens) and made of binned,
+engineered features instead of image patches:
+1. segment the part/object from the known background colour (QC: the belt colour scaled by the
+   image's border median; grasp: a plane fitted per channel to the border, which absorbs lighting
+   gradients);
+2. measure it: sub-pixel centroid and principal axis from (soft-coverage) image moments, extents,
+   area, min-area-rect fill, solidity, hole count; QC also line evidence (morphological black/top
+   hat: scratches, cracks) and chroma deviation (discoloration), with their locations;
+3. bin every feature (token = offset + clip(floor((f - low) / (high - low) * size), 0, size - 1),
+   `log` features are binned on log(f)). The bins live in the bundle manifest's `observation` dict;
+   each feature has its own token range so a token says what it measures.
+Images of another size are centre-cropped to square and resized to the task's camera resolution
+(the camera is assumed to cover the same field of view).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import cv2
+import numpy as np
+
+from .tasks.common import (BELT_RGB, GRASP_IMAGE_PX, GRASP_PX_PER_M, N_ARM_JOINTS, QC_IMAGE_PX, grasp_px_to_m,
+                           wrap_half_pi)
+
+BOS, EOS, SEP = 1, 2, 3
+FIRST_OBS_TOKEN = 4
+
+# name, size, low, high, scale. Integer-valued features use low=-0.5, high=size-0.5.
+QC_FEATURES = (
+    ("holes", 8, -0.5, 7.5, "linear"),
+    ("area", 16, 0.02, 0.40, "log"),  # filled part area / image area
+    ("aspect", 32, 1.0, 2.2, "linear"),  # principal-axis ratio from second moments
+    ("fill", 24, 0.40, 1.0, "linear"),  # filled area / min-area-rect area
+    ("solidity", 16, 0.50, 1.0, "linear"),
+    ("hole_frac", 16, 0.0, 0.40, "linear"),
+    ("line_polarity", 3, -0.5, 2.5, "linear"),  # 0 none, 1 dark, 2 bright
+    ("line_len", 24, 0.0, 0.9, "linear"),  # longest line / part size
+    ("line_contrast", 16, 0.0, 0.8, "linear"),  # relative to the part's brightness
+    ("line_width", 12, 0.0, 3.0, "linear"),  # pixels
+    ("line_rim", 8, 0.0, 8.0, "linear"),  # distance of the line to the part's rim, px
+    ("dark_len", 16, 0.005, 0.6, "log"),  # pixels darker than the belt (crack cores) / part size
+    ("stain_frac", 16, 0.001, 0.3, "log"),  # share of the surface with chroma deviation
+    ("stain_max", 16, 0.0, 0.24, "linear"),
+    ("line_u", 64, 0.0, 1.0, "linear"), ("line_v", 64, 0.0, 1.0, "linear"),
+    ("stain_u", 64, 0.0, 1.0, "linear"), ("stain_v", 64, 0.0, 1.0, "linear"),
+    ("part_u", 64, 0.0, 1.0, "linear"), ("part_v", 64, 0.0, 1.0, "linear"),
+)
+GRASP_FEATURES = (
+    ("n_objects", 6, 0.5, 6.5, "linear"),
+    ("x", 256, -0.128, 0.128, "linear"),  # metres, pick_table (the grasp x grid)
+    ("y", 256, -0.128, 0.128, "linear"),
+    ("axis", 256, -math.pi / 2, math.pi / 2, "linear"),  # long-axis angle, rad
+    ("aspect", 32, 1.0, 3.0, "linear"),
+    ("minor_m", 256, 0.0, 0.128, "linear"),  # extent across the long axis
+    ("major_m", 64, 0.0, 0.128, "linear"),
+    ("area_m2", 32, 4e-4, 8e-3, "log"),
+    ("rect_fill", 16, 0.6, 1.0, "linear"),
+    ("solidity", 16, 0.7, 1.0, "linear"),
+) + tuple((f"joint{i}", 16, -math.pi, math.pi, "linear") for i in range(N_ARM_JOINTS))
+
+
+def feature_config(task: str) -> dict[str, Any]:
+    """Default `observation` dict for a bundle manifest (token offsets assigned in order)."""
+    specs = QC_FEATURES if task == "qc" else GRASP_FEATURES if task == "grasp" else None
+    if specs is None:
+        raise ValueError(f"task must be 'qc' or 'grasp', got {task!r}")
+    feats, off = [], FIRST_OBS_TOKEN
+    for name, size, low, high, scale in specs:
+        feats.append({"name": name, "offset": off, "size": size, "low": low, "high": high, "scale": scale})
+        off += size
+    return {"kind": "binned_features/1", "task": task,
+            "image_px": QC_IMAGE_PX if task == "qc" else GRASP_IMAGE_PX, "features": feats,
+            "token_range": [FIRST_OBS_TOKEN, off], "prefix_len": len(feats) + 2}
+
+
+def square_resize(image: np.ndarray, size_px: int) -> np.ndarray:
+    if not isinstance(image, np.ndarray) or image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
+        raise ValueError(f"image must be an [H, W, 3] uint8 array, got "
+                         f"{getattr(image, 'shape', None)} {getattr(image, 'dtype', type(image).__name__)}")
+    h, w = image.shape[:2]
+    if min(h, w) < 16:
+        raise ValueError(f"image must be at least 16x16 pixels, got {h}x{w}")
+    if h != w:
+        s = min(h, w)
+        image = image[(h - s) // 2:(h - s) // 2 + s, (w - s) // 2:(w - s) // 2 + s]
+    if image.shape[0] != size_px:
+        interp = cv2.INTER_AREA if image.shape[0] > size_px else cv2.INTER_LINEAR
+        image = cv2.resize(image, (size_px, size_px), interpolation=interp)
+    return image
+
+
+def _border(img: np.ndarray, k: int = 3) -> np.ndarray:
+    return np.concatenate([img[:k].reshape(-1, 3), img[-k:].reshape(-1, 3),
+                           img[:, :k].reshape(-1, 3), img[:, -k:].reshape(-1, 3)])
+
+
+def _ellipse(k: int) -> np.ndarray:
+    return cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (k, k))
+
+
+def qc_features(image: np.ndarray) -> dict[str, float]:
+    """Engineered features of the (largest) part in a QC image [128, 128, 3] uint8."""
+    img = image.astype(np.float32)
+    n = img.shape[0]
+    bg = np.median(_border(img), axis=0)  # [3] belt colour under this lighting
+    gray = img.mean(axis=2)
+    diff = np.abs(img - bg).max(axis=2)
+    raw = ((diff > 30) | (gray < bg.mean() - 20)).astype(np.uint8)
+    raw = cv2.morphologyEx(raw, cv2.MORPH_CLOSE, _ellipse(3))
+    n_lab, lab, stats, _ = cv2.connectedComponentsWithStats(raw, connectivity=8)
+    if n_lab < 2 or stats[1:, cv2.CC_STAT_AREA].max() < 60:
+        raise ValueError("qc image: no part found (nothing differs from the belt colour)")
+    part = (lab == 1 + int(np.argmax(stats[1:, cv2.CC_STAT_AREA]))).astype(np.uint8)
+    # second pass at half the belt-to-part contrast: edges and small holes at their true size
+    contrast = float(np.median(diff[cv2.erode(part, _ellipse(5)) > 0])) if part.sum() > 60 else 60.0
+    half = max(0.5 * contrast, 20.0)
+    raw = ((diff > half) | (gray < bg.mean() - 20)).astype(np.uint8) & cv2.dilate(part, _ellipse(5))
+    part = cv2.morphologyEx(raw, cv2.MORPH_CLOSE, _ellipse(3))
+    contours, _ = cv2.findContours(part, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_NONE)
+    outer = max(contours, key=cv2.contourArea)
+    filled = np.zeros_like(part)
+    cv2.drawContours(filled, [outer], -1, 1, -1)
+    holes_mask = (filled & (1 - part)).astype(np.uint8)
+    n_h, hl, hst, _ = cv2.connectedComponentsWithStats(holes_mask, connectivity=4)
+    holes = 0
+    for i in range(1, n_h):
+        a, w, h = hst[i, cv2.CC_STAT_AREA], hst[i, cv2.CC_STAT_WIDTH], hst[i, cv2.CC_STAT_HEIGHT]
+        if a >= 5 and max(w, h) <= 2 * min(w, h) and a >= 0.5 * w * h:
+            holes += 1
+    area = float(filled.sum())
+    (_, _), (rw, rh), _ = cv2.minAreaRect(outer)
+    hull = cv2.contourArea(cv2.convexHull(outer))
+    m = cv2.moments(filled, binaryImage=True)
+    pu, pv = m["m10"] / m["m00"] / n, m["m01"] / m["m00"] / n
+    mu20, mu02, mu11 = m["mu20"] / m["m00"], m["mu02"] / m["m00"], m["mu11"] / m["m00"]
+    common = math.sqrt(((mu20 - mu02) / 2) ** 2 + mu11 ** 2)
+    l1, l2 = (mu20 + mu02) / 2 + common, max((mu20 + mu02) / 2 - common, 1e-6)
+    f = {"holes": holes, "area": area / (n * n), "aspect": math.sqrt(l1 / l2),  # moment axis ratio
+         "fill": area / max(rw * rh, 1.0), "solidity": area / max(hull, 1.0),
+         "hole_frac": float(holes_mask.sum()) / area, "part_u": pu, "part_v": pv}
+    size_px = max(rw, rh, 1.0)
+    # --- line evidence (scratch, crack) on the part surface away from rim and holes
+    inner = cv2.erode(filled, _ellipse(5)) & (1 - cv2.dilate(holes_mask, _ellipse(5)))
+    ref = float(np.median(gray[inner > 0])) if inner.any() else float(gray[part > 0].mean())
+    flat = np.where(inner > 0, gray, ref).astype(np.float32)  # rim and hole edges flattened away
+    black = cv2.morphologyEx(flat, cv2.MORPH_BLACKHAT, _ellipse(7)) / max(ref, 1.0)
+    top = cv2.morphologyEx(flat, cv2.MORPH_TOPHAT, _ellipse(7)) / max(ref, 1.0)
+    f.update(line_polarity=0, line_len=0.0, line_contrast=0.0, line_width=0.0, line_rim=8.0,
+             line_u=pu, line_v=pv)
+    best = None
+    for polarity, resp in ((1, black), (2, top)):
+        lm = ((resp > 0.12) & (inner > 0)).astype(np.uint8)
+        k, ll, lst, _ = cv2.connectedComponentsWithStats(lm, connectivity=8)
+        for i in range(1, k):
+            if lst[i, cv2.CC_STAT_AREA] < 4:
+                continue
+            ys, xs = np.nonzero(ll == i)
+            (_, _), (a, b), _ = cv2.minAreaRect(np.stack([xs, ys], 1).astype(np.float32))
+            length = max(a, b) + 1.0
+            if best is None or length > best[0]:
+                best = (length, polarity, resp[ys, xs], xs, ys)
+    if best is not None and best[0] >= 4:
+        length, polarity, vals, xs, ys = best
+        dist = cv2.distanceTransform(filled, cv2.DIST_L2, 3)
+        f.update(line_polarity=polarity, line_len=length / size_px, line_contrast=float(vals.mean()),
+                 line_width=len(xs) / length, line_rim=float(dist[ys, xs].min()),
+                 line_u=float(xs.mean() + 0.5) / n, line_v=float(ys.mean() + 0.5) / n)
+    dark = (filled > 0) & (gray < bg.mean() - 20)
+    f["dark_len"] = float(dark.sum()) / size_px
+    if best is None and dark.sum() >= 2:
+        ys, xs = np.nonzero(dark)
+        f["line_u"], f["line_v"] = float(xs.mean() + 0.5) / n, float(ys.mean() + 0.5) / n
+    # --- chroma deviation (discoloration); lighting gain and gradients do not change chroma
+    chroma = img / np.maximum(img.sum(axis=2, keepdims=True), 1.0)
+    core = (inner > 0) & (img.max(axis=2) < 250)  # clipped pixels have no reliable chroma
+    f.update(stain_frac=0.0, stain_max=0.0, stain_u=pu, stain_v=pv)
+    if core.sum() >= 20:
+        med = np.median(chroma[core], axis=0)
+        dev = cv2.blur(np.abs(chroma - med).sum(axis=2), (3, 3))
+        dev = np.where(core, dev, 0.0)
+        hot = dev > 0.04
+        f["stain_frac"] = float(hot.sum()) / float(core.sum())
+        f["stain_max"] = float(dev.max())
+        if hot.sum() >= 3:
+            ys, xs = np.nonzero(hot)
+            wts = dev[ys, xs]
+            f["stain_u"] = float((xs + 0.5) @ wts / wts.sum()) / n
+            f["stain_v"] = float((ys + 0.5) @ wts / wts.sum()) / n
+    return f
+
+
+def grasp_features(image: np.ndarray, joints_rad: np.ndarray) -> dict[str, float]:
+    """Engineered features of the largest object on the pick table [192, 192, 3] uint8 + joints."""
+    img = image.astype(np.float32)
+    n = img.shape[0]
+    yy, xx = np.mgrid[0:n, 0:n].astype(np.float32)
+    k = 3
+    bmask = np.zeros((n, n), bool)
+    bmask[:k], bmask[-k:], bmask[:, :k], bmask[:, -k:] = True, True, True, True
+    design = np.stack([xx[bmask] / n, yy[bmask] / n, np.ones(bmask.sum(), np.float32)], 1)  # [B, 3]
+    coef, *_ = np.linalg.lstsq(design, img[bmask], rcond=None)  # [3, 3] plane per channel
+    bg = xx[..., None] / n * coef[0] + yy[..., None] / n * coef[1] + coef[2]
+    diff = np.abs(img - bg).max(axis=2)
+    mask = (diff > 40).astype(np.uint8)
+    mask = cv2.morphologyEx(mask, cv2.MORPH_OPEN, _ellipse(3))
+    n_lab, lab, stats, _ = cv2.connectedComponentsWithStats(mask, connectivity=8)
+    areas = stats[1:, cv2.CC_STAT_AREA]
+    keep = [i + 1 for i, a in enumerate(areas) if a >= 40]
+    if not keep:
+        raise ValueError("grasp image: no object found (nothing differs from the table colour)")
+    target = max(keep, key=lambda i: stats[i, cv2.CC_STAT_AREA])
+    obj = (lab == target).astype(np.uint8)
+    region = cv2.dilate(obj, _ellipse(5)) > 0
+    contrast = float(np.median(diff[obj > 0]))
+    w = np.where(region, np.clip(diff / max(contrast, 1.0), 0.0, 1.0), 0.0)  # soft coverage
+    m00 = float(w.sum())
+    cu, cv_ = float((w * (xx + 0.5)).sum() / m00), float((w * (yy + 0.5)).sum() / m00)
+    du, dv = xx + 0.5 - cu, yy + 0.5 - cv_
+    mu20, mu02, mu11 = (w * du * du).sum() / m00, (w * dv * dv).sum() / m00, (w * du * dv).sum() / m00
+    # image v points down: the axis angle in pick_table (y up) flips sign
+    axis_img = 0.5 * math.atan2(2 * mu11, mu20 - mu02)
+    axis = wrap_half_pi(-axis_img)
+    common = math.sqrt(max(((mu20 - mu02) / 2) ** 2 + mu11 ** 2, 0.0))
+    l1, l2 = (mu20 + mu02) / 2 + common, (mu20 + mu02) / 2 - common
+    contours, _ = cv2.findContours(obj, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_NONE)
+    outer = max(contours, key=cv2.contourArea).reshape(-1, 2).astype(np.float32)
+    ca, sa = math.cos(axis_img), math.sin(axis_img)
+    rel = outer + 0.5 - np.array([cu, cv_], np.float32)
+    minor_px = float(np.ptp(rel @ np.array([-sa, ca], np.float32))) - 0.5
+    major_px = float(np.ptp(rel @ np.array([ca, sa], np.float32))) - 0.5
+    (_, _), (rw, rh), _ = cv2.minAreaRect(outer)
+    hull = cv2.contourArea(cv2.convexHull(outer))
+    x_m, y_m = grasp_px_to_m(cu, cv_)
+    joints = np.zeros(N_ARM_JOINTS) if joints_rad is None else np.asarray(joints_rad, np.float64).reshape(-1)
+    if joints.shape[0] != N_ARM_JOINTS or not np.all(np.isfinite(joints)):
+        raise ValueError(f"joints_rad must be {N_ARM_JOINTS} finite values, got {joints.tolist()}")
+    f = {"n_objects": len(keep), "x": x_m, "y": y_m, "axis": axis,
+         "aspect": math.sqrt(max(l1, 1e-9) / max(l2, 1e-9)),
+         "minor_m": minor_px / GRASP_PX_PER_M, "major_m": major_px / GRASP_PX_PER_M,
+         "area_m2": m00 / GRASP_PX_PER_M ** 2, "rect_fill": m00 / max(rw * rh, 1.0),
+         "solidity": cv2.contourArea(outer) / max(hull, 1.0)}
+    for i in range(N_ARM_JOINTS):
+        f[f"joint{i}"] = float((joints[i] + math.pi) % (2 * math.pi) - math.pi)
+    return f
+
+
+def bin_feature(value: float, spec: dict) -> int:
+    low, high, size = spec["low"], spec["high"], spec["size"]
+    if spec.get("scale") == "log":
+        value, low, high = math.log(max(value, low)), math.log(low), math.log(high)
+    if not math.isfinite(value):
+        raise ValueError(f"feature {spec['name']!r} is not finite: {value}")
+    b = int(math.floor((value - low) / (high - low) * size))
+    return spec["offset"] + min(max(b, 0), size - 1)
+
+
+class ObservationTokenizer:
+    """Image (+ joints) -> prefix ids [BOS, f_1 .. f_n, SEP] (int64), n fixed per bundle."""
+
+    def __init__(self, config: dict[str, Any]):
+        if config.get("kind") != "binned_features/1" or config.get("task") not in ("qc", "grasp"):
+            raise ValueError(f"observation config: unsupported kind/task "
+                             f"{config.get('kind')!r}/{config.get('task')!r}")
+        self.config = config
+        self.task = config["task"]
+        self.image_px = int(config["image_px"])
+        self.features = list(config["features"])
+        known = {s[0] for s in (QC_FEATURES if self.task == "qc" else GRASP_FEATURES)}
+        for spec in self.features:
+            if spec["name"] not in known:
+                raise ValueError(f"observation config: unknown {self.task} feature {spec['name']!r}")
+        self.prefix_len = len(self.features) + 2
+
+    @classmethod
+    def from_bundle(cls, bundle) -> "ObservationTokenizer":
+        return cls(bundle.manifest.observation)
+
+    def measure(self, image_rgb: np.ndarray, joints_rad: np.ndarray | None = None) -> dict[str, float]:
+        img = square_resize(image_rgb, self.image_px)
+        return qc_features(img) if self.task == "qc" else grasp_features(img, joints_rad)
+
+    def tokens_from_features(self, f: dict[str, float]) -> np.ndarray:
+        ids = [BOS] + [bin_feature(float(f[s["name"]]), s) for s in self.features] + [SEP]
+        return np.asarray(ids, np.int64)
+
+    def encode(self, image_rgb: np.ndarray, joints_rad: np.ndarray | None = None) -> np.ndarray:
+        return self.tokens_from_features(self.measure(image_rgb, joints_rad))

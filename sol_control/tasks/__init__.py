@@ -1,0 +1,1 @@
+"""Procedural QC and grasp tasks (numpy + OpenCV, deterministic by seed)."""

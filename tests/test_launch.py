@@ -1,0 +1,155 @@
+"""Static checks of what `ros2 launch` / `ros2 run` would use (launch and launch_ros are not
+installable here): entry points, launch arguments, params files, the Fast DDS profile, package.xml."""
+import ast
+import importlib
+import re
+import xml.etree.ElementTree as ET
+
+import pytest
+import yaml
+
+from sol_control.config import load_yaml, param_specs
+from tests.conftest import REPO
+
+LAUNCH_ARGS = {"namespace", "params_file", "autostart", "dds_profile"}
+
+
+def console_scripts() -> dict[str, str]:
+    tree = ast.parse((REPO / "setup.py").read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Dict):
+            for k, v in zip(node.keys, node.values):
+                if isinstance(k, ast.Constant) and k.value == "console_scripts":
+                    entries = [e.value for e in v.elts]
+                    return {e.split("=")[0].strip(): e.split("=")[1].strip() for e in entries}
+    raise AssertionError("no console_scripts in setup.py")
+
+
+def test_coprocessor_entry_point_resolves_to_main():
+    target = console_scripts()["coprocessor"]
+    module, func = target.split(":")
+    assert callable(getattr(importlib.import_module(module), func))
+
+
+def _python_launch() -> ast.Module:
+    return ast.parse((REPO / "launch" / "coprocessor.launch.py").read_text())
+
+
+def test_python_launch_file_parses_and_names_existing_executables():
+    tree = _python_launch()
+    funcs = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    assert "generate_launch_description" in funcs
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    nodes = [c for c in calls if getattr(c.func, "id", "") in ("Node", "LifecycleNode")]
+    assert nodes
+    scripts = console_scripts()
+    for c in nodes:
+        kw = {k.arg: k.value for k in c.keywords}
+        assert kw["package"].value == "sol_control"
+        assert kw["executable"].value in scripts
+        assert kw["name"].value == "sol_control"
+    declared = {c.args[0].value for c in calls if getattr(c.func, "id", "") == "DeclareLaunchArgument"}
+    assert declared == LAUNCH_ARGS
+    used = {c.args[0].value for c in calls if getattr(c.func, "id", "") == "LaunchConfiguration"}
+    assert used <= declared
+    shared = {c.args[0].elts[2].value for c in calls if getattr(c.func, "id", "") == "PathJoinSubstitution"}
+    for name in shared:
+        assert (REPO / "config" / name).is_file(), name
+
+
+def test_xml_launch_file_matches():
+    root = ET.parse(REPO / "launch" / "coprocessor.launch.xml").getroot()
+    assert root.tag == "launch"
+    declared = {a.get("name") for a in root.findall("arg")}
+    assert declared == LAUNCH_ARGS
+    text = (REPO / "launch" / "coprocessor.launch.xml").read_text()
+    assert set(re.findall(r"\$\(var (\w+)\)", text)) <= declared
+    for f in re.findall(r"\$\(find-pkg-share sol_control\)/config/([\w.]+)", text):
+        assert (REPO / "config" / f).is_file(), f
+    nodes = root.findall("node") + root.findall("lifecycle_node")
+    assert len(nodes) == 1
+    n = nodes[0]
+    assert n.get("pkg") == "sol_control" and n.get("exec") in console_scripts() and n.get("name") == "sol_control"
+
+
+def test_setup_installs_launch_and_config():
+    text = (REPO / "setup.py").read_text()
+    assert '"launch/*"' in text and '"config/*"' in text
+
+
+def _ros_params_files() -> list:
+    """config/*.yaml that are ROS 2 params files (`<node>: ros__parameters:`), not other YAML."""
+    out = []
+    for p in sorted((REPO / "config").glob("*.yaml")):
+        doc = yaml.safe_load(p.read_text())
+        if isinstance(doc, dict) and any(isinstance(v, dict) and "ros__parameters" in v for v in doc.values()):
+            out.append(p)
+    return out
+
+
+def test_shipped_params_file_exists():
+    assert REPO / "config" / "sol_control.yaml" in _ros_params_files()
+
+
+@pytest.mark.parametrize("path", _ros_params_files(), ids=lambda p: p.name)
+def test_params_files_validate_with_ros_types(path):
+    load_yaml(path)  # raises ValueError naming the field on any bad value
+    doc = yaml.safe_load(path.read_text())
+    params = next(v["ros__parameters"] for k, v in doc.items() if "ros__parameters" in (v or {}))
+    kinds = {s.name: s.kind for s in param_specs()}
+
+    def walk(d, prefix=""):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                yield from walk(v, f"{prefix}{k}.")
+            else:
+                yield f"{prefix}{k}", v
+    for name, value in walk(params):
+        # ROS types a parameter from its YAML literal: 10 is an integer, 10.0 a double
+        assert type(value) is kinds[name], f"{path.name}: {name} = {value!r} must be a {kinds[name].__name__}"
+
+
+def test_fastdds_profile_is_shm_plus_loopback_only():
+    ns = {"d": "http://www.eprosima.com"}
+    root = ET.parse(REPO / "config" / "fastdds_localhost.xml").getroot()
+    descriptors = {d.findtext("d:transport_id", namespaces=ns): d for d in root.iterfind(".//d:transport_descriptor", ns)}
+    kinds = {tid: d.findtext("d:type", namespaces=ns) for tid, d in descriptors.items()}
+    assert sorted(kinds.values()) == ["SHM", "UDPv4"]
+    shm = next(d for d in descriptors.values() if d.findtext("d:type", namespaces=ns) == "SHM")
+    assert int(shm.findtext("d:segment_size", namespaces=ns)) == 16 * 1024 * 1024
+    assert int(shm.findtext("d:maxMessageSize", namespaces=ns)) == 4 * 1024 * 1024
+    udp = next(d for d in descriptors.values() if d.findtext("d:type", namespaces=ns) == "UDPv4")
+    assert [a.text for a in udp.iterfind(".//d:interfaceWhiteList/d:address", ns)] == ["127.0.0.1"]
+    participant = root.find(".//d:participant", ns)
+    assert participant.get("is_default_profile") == "true"
+    assert participant.findtext(".//d:useBuiltinTransports", namespaces=ns) == "false"
+    used = [t.text for t in participant.iterfind(".//d:userTransports/d:transport_id", ns)]
+    assert sorted(used) == sorted(descriptors)
+
+
+def test_package_xml_declares_every_message_package_the_ros_layer_imports():
+    deps = {e.text for e in ET.parse(REPO / "package.xml").getroot().iter("exec_depend")}
+    imported = set()
+    for f in (REPO / "sol_control" / "ros").glob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0].endswith("_msgs"):
+                imported.add(node.module.split(".")[0])
+    assert imported and imported <= deps | {"builtin_interfaces", "rcl_interfaces"}, imported - deps
+
+
+def test_core_is_ros_free():
+    allowed = {REPO / "sol_control" / "sim" / "bridge.py"}
+    for f in (REPO / "sol_control").rglob("*.py"):
+        if "ros" in f.relative_to(REPO / "sol_control").parts[:1] or f in allowed:
+            continue
+        src = f.read_text()
+        assert not re.search(r"^\s*(import|from)\s+(rclpy|torch)\b", src, re.M), f
+
+
+def test_every_parameter_is_documented():
+    docs = [p for p in (REPO / "README.md", REPO / "docs" / "ROS_INTERFACE.md")
+            if p.is_file() and "ROS 2 interface" in p.read_text()]
+    assert docs, "no ROS 2 interface section in README.md or docs/ROS_INTERFACE.md"
+    text = "\n".join(p.read_text() for p in docs)
+    missing = [s.name for s in param_specs() if f"`{s.name}`" not in text]
+    assert not missing, missing
