@@ -47,6 +47,12 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(VENV)/bin/sol-control bench all $(BENCH_ARGS)
 
+# Peer engines (ONNX Runtime GenAI, transformers) in their own venv, never a runtime dependency;
+# `make bench` picks up their rows once this has run.
+bench-peers: $(STAMP)
+	bash tools/setup_peers.sh
+	$(PY) -m sol_control.bench.peers --bundle models/grasp --json bench_report/peers_grasp.json
+
 # Test fixtures: tiny decoders exported from random Llama configurations (dev-only, torch).
 fixtures: $(TRAIN_STAMP)
 	$(PY) tools/make_fixtures.py

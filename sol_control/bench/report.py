@@ -1,0 +1,267 @@
+"""`sol-control bench all` (`make bench`): every benchmark into bench_report/ — JSON, PNG, Markdown.
+
+1. decode: standard vs quantized vs speculative on each shipped bundle's test-split decisions;
+2. end to end: image stamp -> decision received over DDS, standard vs ultrafast (node bench);
+3. peers: the same weights and token workloads in peer engines (if `make bench-peers` ran);
+4. scaling: tokens/s against decision length and prefix length; resident memory per precision.
+Ratios are always taken between rows measured in the same run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..bundle import Bundle
+from ..decoding import AdaptiveK, greedy, open_decoder, speculate
+from . import decode_bench
+from .common import REPO, default_bundle, pct, progress, table
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", type=Path, default=Path("bench_report"), help="output folder")
+    p.add_argument("--quick", action="store_true", help="fewer decisions, rounds and lengths")
+    p.add_argument("--rounds", type=int, default=5, help="rounds per measurement (medians over rounds)")
+    p.add_argument("--skip", nargs="*", default=[], choices=["decode", "e2e", "peers", "scaling", "memory"],
+                   help="parts to leave out")
+
+
+# ---- scaling: decision length and prefix length ------------------------------------------------
+
+def scaling(bundle: Bundle, lengths=(8, 32, 128), prefix_lens=(8, 32, 64), rounds: int = 5) -> list[dict]:
+    """Decode tokens/s and ms per decision for standard and ultrafast as lengths grow."""
+    m = bundle.manifest
+    fp32 = open_decoder(bundle, "target", "fp32")
+    fast_prec = "int4" if "int4" in m.target.files else "int8"
+    fast = open_decoder(bundle, "target", fast_prec)
+    draft = open_decoder(bundle, "draft", "int8" if "int8" in m.draft.files else "fp32")
+    base = decode_bench.decision_prefixes(bundle, 4)
+    rows = []
+    for plen in prefix_lens:
+        for n_new in lengths:
+            if plen + n_new > m.max_context:
+                continue
+            prefixes = [_fit(p, plen, m) for p in base]
+            ctl = AdaptiveK()
+            res = {"std": [], "fast": []}
+            for _ in range(rounds):
+                for p in prefixes:
+                    res["std"].append(greedy(fp32, p, n_new).stats)
+                    res["fast"].append(speculate(draft, fast, p, n_new, controller=ctl).stats)
+            row = {"prefix_len": plen, "new_tokens": n_new}
+            for key, stats in res.items():
+                row[f"{key}_decision_ms"] = pct([s.wall_ms for s in stats], 50)
+                row[f"{key}_tokens_per_s"] = sum(s.new_tokens for s in stats) / sum(s.wall_ms for s in stats) * 1e3
+                row[f"{key}_ttft_ms"] = pct([s.ttft_ms for s in stats], 50)
+            row["ratio_tokens"] = row["fast_tokens_per_s"] / row["std_tokens_per_s"]
+            rows.append(row)
+            progress(f"scaling {m.name}: prefix {plen}, {n_new} tokens: {row['ratio_tokens']:.1f}x")
+    progress("", end="\n")
+    return rows
+
+
+def _fit(prefix: np.ndarray, n: int, m) -> np.ndarray:
+    """A prefix of exactly n tokens: BOS, observation tokens (repeated as needed), SEP."""
+    body = prefix[1:-1]
+    body = np.resize(body, max(n - 2, 1))
+    return np.concatenate([[m.vocab.bos], body, [m.vocab.sep]]).astype(np.int64)
+
+
+# ---- resident memory per precision (each in a fresh process) -----------------------------------
+
+_MEM_PROBE = """
+import sys, numpy as np
+from sol_control.bundle import Bundle
+from sol_control.decoding import open_decoder, greedy
+def rss():
+    return int(open('/proc/self/statm').read().split()[1]) * 4096
+b = Bundle.load(sys.argv[1]); before = rss()
+s = open_decoder(b, sys.argv[2], sys.argv[3])
+greedy(s, np.array([b.manifest.vocab.bos] * 8), 8)
+print(rss() - before)
+"""
+
+
+def memory(bundle: Bundle) -> list[dict]:
+    rows = []
+    for role, spec in (("target", bundle.manifest.target), ("draft", bundle.manifest.draft)):
+        for prec, fname in spec.files.items():
+            out = subprocess.run([sys.executable, "-c", _MEM_PROBE, str(bundle.root), role, prec],
+                                 capture_output=True, text=True, check=True)
+            rows.append({"decoder": f"{role} {prec}", "file_mb": bundle.path(fname).stat().st_size / 1e6,
+                         "rss_mb": int(out.stdout.split()[-1]) / 1e6})
+    return rows
+
+
+# ---- plots ---------------------------------------------------------------------------------------
+
+def plot_decode(reports: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(reports), figsize=(6 * len(reports), 4), squeeze=False)
+    for ax, (name, rep) in zip(axes[0], reports.items()):
+        rows = rep["rows"]
+        names = [r["name"] for r in rows]
+        med = [r["decode_tokens_per_s"] for r in rows]
+        err = [[m - r["decode_tokens_per_s_min"] for m, r in zip(med, rows)],
+               [r["decode_tokens_per_s_max"] - m for m, r in zip(med, rows)]]
+        colors = ["#888888" if not r["speculative"] else "#d95f02" for r in rows]
+        ax.bar(names, med, yerr=err, color=colors, capsize=4)
+        ax.set_title(f"{name}: decode tokens/s (median, min-max)")
+        ax.tick_params(axis="x", rotation=25)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_scaling(rows: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(rows), figsize=(6 * len(rows), 4), squeeze=False)
+    for ax, (name, rs) in zip(axes[0], rows.items()):
+        for plen in sorted({r["prefix_len"] for r in rs}):
+            sel = [r for r in rs if r["prefix_len"] == plen]
+            n = [r["new_tokens"] for r in sel]
+            ax.plot(n, [r["std_decision_ms"] for r in sel], "o--", label=f"standard, prefix {plen}")
+            ax.plot(n, [r["fast_decision_ms"] for r in sel], "o-", label=f"ultrafast, prefix {plen}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("tokens per decision")
+        ax.set_ylabel("ms per decision (median)")
+        ax.set_title(name)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---- the whole report ----------------------------------------------------------------------------
+
+def machine() -> dict:
+    import onnxruntime
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
+            "onnxruntime": onnxruntime.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
+def run(args: argparse.Namespace) -> int:
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    bundles = {name: Bundle.load(default_bundle(name)) for name in ("grasp", "qc")}
+    summary: dict = {"machine": machine(), "command": "sol-control bench all" + (" --quick" if args.quick else "")}
+    decode = {}
+    if "decode" not in args.skip:
+        for name, b in bundles.items():
+            decode[name] = decode_bench.run_bench(b, 12 if args.quick else 40, args.rounds,
+                                                  len(b.manifest.actions), 1, None)
+            decode_bench.print_report(decode[name])
+        plot_decode(decode, out / "decode_tokens_per_s.png")
+        summary["decode"] = decode
+        g = decode["grasp"]["ratios"]
+        summary["ultrafast_vs_standard_tokens"] = g["ultrafast_vs_standard"]
+        summary["ultrafast_vs_standard_decision"] = g["ultrafast_vs_standard_decision"]
+    if "e2e" not in args.skip:
+        summary["e2e"] = _e2e(args)
+        if summary["e2e"]:
+            summary["ultrafast_vs_standard_e2e"] = summary["e2e"].get("ratio_p50")
+    if "peers" not in args.skip:
+        summary["peers"] = _peers(args, bundles["grasp"])
+        rows = summary["peers"].get("rows", [])
+        if rows and decode:  # decode tokens/s against decode tokens/s, same weights and prefixes
+            best_peer = max(rows, key=lambda r: r["decode_tokens_per_s"])
+            ours = max(r["decode_tokens_per_s"] for r in decode["grasp"]["rows"] if r["speculative"])
+            summary["vs_best_peer"] = ours / best_peer["decode_tokens_per_s"]
+            summary["best_peer"] = best_peer
+    if "scaling" not in args.skip:
+        lengths = (8, 32) if args.quick else (8, 32, 128)
+        summary["scaling"] = {name: scaling(b, lengths=lengths, rounds=2 if args.quick else args.rounds)
+                              for name, b in bundles.items()}
+        plot_scaling(summary["scaling"], out / "scaling.png")
+    if "memory" not in args.skip:
+        summary["memory"] = {name: memory(b) for name, b in bundles.items()}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
+    (out / "README.md").write_text(markdown(summary))
+    print(markdown(summary))
+    print(f"wrote {out}/summary.json, {out}/README.md and plots")
+    return 0
+
+
+def _e2e(args) -> dict:
+    try:
+        from . import node_bench
+    except ModuleNotFoundError:
+        return {}
+    return node_bench.compare_standard_ultrafast(quick=args.quick)
+
+
+def _peers(args, bundle: Bundle) -> dict:
+    try:
+        from . import peers
+    except ModuleNotFoundError:
+        return {"note": "peer runners not installed"}
+    return peers.run_all(bundle, quick=args.quick)
+
+
+def markdown(s: dict) -> str:
+    lines = ["# sol_control benchmark report", "",
+             f"Machine: {s['machine']['cpu']}, {s['machine']['cores']} cores, ONNX Runtime "
+             f"{s['machine']['onnxruntime']}, {s['machine']['date']}. Command: `{s['command']}`.", ""]
+    for name, rep in s.get("decode", {}).items():
+        rows = rep["rows"]
+        std = rows[0]
+        best = max((r for r in rows if r["speculative"]), key=lambda r: r["decode_tokens_per_s"])
+        lines.append(f"**{name}** ({best['name']}): standard {std['decode_tokens_per_s']:.0f} tok/s → ultrafast "
+                     f"{best['decode_tokens_per_s']:.0f} tok/s = {best['decode_tokens_per_s'] / std['decode_tokens_per_s']:.1f}x; "
+                     f"per decision {std['decision_ms_p50']:.2f} ms → {best['decision_ms_p50']:.2f} ms = "
+                     f"{std['decision_ms_p50'] / best['decision_ms_p50']:.1f}x ({rep['new_tokens']} tokens, "
+                     f"mean accepted {best['mean_accepted'] or 0:.2f})")
+        lines.append("")
+        head = ["config", "decode tok/s", "min-max", "ms/decision p50", "p99", "TTFT ms", "mean acc.", "= std"]
+        body = [[r["name"], f"{r['decode_tokens_per_s']:.0f}",
+                 f"{r['decode_tokens_per_s_min']:.0f}-{r['decode_tokens_per_s_max']:.0f}",
+                 f"{r['decision_ms_p50']:.2f}", f"{r['decision_ms_p99']:.2f}", f"{r['ttft_ms_p50']:.2f}",
+                 "-" if r["mean_accepted"] is None else f"{r['mean_accepted']:.2f}", f"{r['match_standard']:.0%}"]
+                for r in rows]
+        lines += ["```", table(head, body), "```", ""]
+    if s.get("e2e"):
+        e = s["e2e"]
+        lines.append(f"End to end (stamp → decision over DDS): {e.get('standard_p50_ms', float('nan')):.2f} ms → "
+                     f"{e.get('ultrafast_p50_ms', float('nan')):.2f} ms = {e.get('ratio_p50', float('nan')):.1f}x (p50)")
+        lines.append("")
+    peers = s.get("peers", {})
+    if peers.get("rows"):
+        head = ["engine", "mode", "precision", "decode tok/s", "ms/decision", "TTFT ms", "accept", "= std"]
+        body = [[r.get("engine", ""), r.get("mode", ""), r.get("precision", ""), f"{r['decode_tokens_per_s']:.0f}",
+                 f"{r.get('decision_ms_p50', float('nan')):.2f}", f"{r.get('ttft_ms_p50', float('nan')):.2f}",
+                 "-" if r.get("acceptance") is None else f"{r['acceptance']:.2f}",
+                 f"{r.get('match_standard', float('nan')):.0%}"] for r in peers["rows"]]
+        lines += ["Peers, grasp bundle weights and prefixes:", "```", table(head, body), "```"]
+        if "vs_best_peer" in s:
+            lines.append(f"Our best speculative row vs the best peer row (decode tokens/s): {s['vs_best_peer']:.2f}x")
+        lines.append("")
+    elif peers.get("note"):
+        lines += [f"Peers: {peers['note']}", ""]
+    for name, rs in s.get("scaling", {}).items():
+        head = ["prefix", "tokens", "std ms", "ultrafast ms", "std tok/s", "ultrafast tok/s", "ratio"]
+        body = [[r["prefix_len"], r["new_tokens"], f"{r['std_decision_ms']:.2f}", f"{r['fast_decision_ms']:.2f}",
+                 f"{r['std_tokens_per_s']:.0f}", f"{r['fast_tokens_per_s']:.0f}", f"{r['ratio_tokens']:.1f}x"]
+                for r in rs]
+        lines += [f"Scaling, {name}:", "```", table(head, body), "```", ""]
+    for name, rs in s.get("memory", {}).items():
+        body = [[r["decoder"], f"{r['file_mb']:.1f}", f"{r['rss_mb']:.1f}"] for r in rs]
+        lines += [f"Resident memory, {name}:", "```", table(["decoder", "file MB", "RSS MB"], body), "```", ""]
+    return "\n".join(lines)
