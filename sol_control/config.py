@@ -23,9 +23,9 @@ class Strict(BaseModel):
 
 
 class DeadlineConfig(Strict):
-    qc_ms: float = Field(10.0, gt=0.0, le=60000.0,
+    qc_ms: float = Field(20.0, gt=0.0, le=60000.0,
                          description="QC decision deadline, counted from the image header stamp (ms)")
-    grasp_ms: float = Field(10.0, gt=0.0, le=60000.0,
+    grasp_ms: float = Field(25.0, gt=0.0, le=60000.0,
                             description="grasp decision deadline, counted from the image header stamp (ms)")
     publish_margin_ms: float = Field(0.3, ge=0.0, le=100.0,
                                      description="budget kept back for conversion and publishing (ms)")

@@ -243,8 +243,12 @@ class CoprocessorNode(LifecycleNode):
         return self.trigger_activate() == TransitionCallbackReturn.SUCCESS
 
     # -- inputs (executor thread: validate, convert, put; never infer) --------------------------------
-    def _admit_stamp(self, stamp_ns: int, recv_mono_ns: int) -> int:
-        """Budget start on the monotonic clock for a header stamp, or InputRejected."""
+    def _admit_stamp(self, stamp_ns: int, recv_mono_ns: int, transport_ns: int = 0) -> int:
+        """Budget start on the monotonic clock for a header stamp, or InputRejected.
+
+        The budget starts at the header stamp; under sim time the node's clock only moves with
+        /clock, so the DDS transport time (source timestamp to now, system clock) is taken as the
+        age when it is larger: a frame's budget never starts after it was sent."""
         d = self.cfg.deadline
         if stamp_ns == 0:
             raise InputRejected("stamp_zero")
@@ -255,13 +259,16 @@ class CoprocessorNode(LifecycleNode):
             raise InputRejected("stale", f"{age_ns / NS_PER_MS:.1f} ms old")
         if stamp_ns <= self._last_frame_stamp_ns:
             raise InputRejected("stamp_out_of_order", f"{stamp_ns} <= {self._last_frame_stamp_ns}")
-        return recv_mono_ns - max(age_ns, 0)
+        return recv_mono_ns - max(age_ns, transport_ns, 0)
 
-    def _admit(self, msg, make_frame) -> None:
+    def _admit(self, msg, make_frame, info=None) -> None:
         recv = time.monotonic_ns()
+        transport_ns = 0
+        if info is not None and info.get("source_timestamp"):
+            transport_ns = min(max(time.time_ns() - int(info["source_timestamp"]), 0), 10**9)
         try:
             stamp = convert.stamp_from_ros(msg.header.stamp)
-            start = self._admit_stamp(stamp, recv)
+            start = self._admit_stamp(stamp, recv, transport_ns)
             frame = make_frame(stamp, start)
         except InputRejected as e:
             self.stats.reject(e.reason)
@@ -275,15 +282,16 @@ class CoprocessorNode(LifecycleNode):
         for slot in self._frames.values():
             slot.put(frame)
 
-    def _on_image(self, msg: Image) -> None:
+    def _on_image(self, msg: Image, info) -> None:  # info: rclpy MessageInfo (DDS source timestamp)
         self._admit(msg, lambda stamp, start: Frame(
-            convert.image_from_ros(msg, self.cfg.inputs.max_image_pixels), stamp, start, msg.header.frame_id))
+            convert.image_from_ros(msg, self.cfg.inputs.max_image_pixels), stamp, start, msg.header.frame_id),
+            info)
 
-    def _on_compressed(self, msg: CompressedImage) -> None:
+    def _on_compressed(self, msg: CompressedImage, info) -> None:
         def make(stamp: int, start: int) -> Frame:
             data, kind = convert.compressed_from_ros(msg, self.cfg.inputs.max_compressed_bytes)
             return Frame(None, stamp, start, msg.header.frame_id, compressed=data, compressed_format=kind)
-        self._admit(msg, make)
+        self._admit(msg, make, info)
 
     def _side(self, slot, fn, msg) -> None:
         try:

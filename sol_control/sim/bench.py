@@ -1,0 +1,55 @@
+"""Simulator speed: render fps per camera and physics steps per second.
+
+    python -m sol_control.sim.bench [--json PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import numpy as np
+
+
+def measure(repeats: int = 5, renders: int = 200, steps: int = 5000) -> dict:
+    from sol_control.sim.cell import Cell
+    from sol_control.sim.config import CellConfig
+
+    cell = Cell(CellConfig(seed=1))
+    cell.step_for(3.0)                                   # parts on the belt, a scene on the table
+    out = {"mujoco_gl": os.environ.get("MUJOCO_GL", "")}
+    for name, fn in (("qc_128px_fps", cell.render_qc), ("pick_192px_fps", cell.render_pick)):
+        for _ in range(20):
+            fn()
+        rates = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for _ in range(renders):
+                fn()
+            rates.append(renders / (time.perf_counter() - t0))
+        out[name] = float(np.median(rates))
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        cell.step()
+    out["steps_per_s"] = steps / (time.perf_counter() - t0)
+    out["realtime_factor"] = out["steps_per_s"] * cell.cfg.timestep_s
+    cell.close()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", default="")
+    args = p.parse_args(argv)
+    res = measure()
+    text = json.dumps(res, indent=1)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

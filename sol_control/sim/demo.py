@@ -1,0 +1,242 @@
+"""`sol-control demo` (= `make demo`): the simulated cell and the coprocessor, end to end.
+
+Starts two coprocessor nodes (QC on the belt camera, grasp on the pick camera; the same
+`sol_control.ros.node` a user runs, with use_sim_time), waits until both are active, runs the cell
+in-process as the `cell_sim` node for `--duration` sim seconds with a live progress line, then
+prints the summary table and writes demo_report/ (report.json, events.jsonl, PNG plots, node logs).
+`--oracle` replaces the nodes by the ground-truth controller (a cell check without models).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CAMERA_OF_TASK = {"qc": "qc", "grasp": "pick"}
+STARTUP_TIMEOUT_S = 180.0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--duration", type=float, default=60.0, help="sim seconds of production (default 60)")
+    p.add_argument("--seed", type=int, default=0, help="cell seed (parts, scenes)")
+    p.add_argument("--standard-only", action="store_true",
+                   help="full precision only, no speculation (the baseline to compare against)")
+    p.add_argument("--rate", type=float, default=1.0,
+                   help="sim seconds per wall second in real time (e.g. 3 for a long run; decisions still "
+                        "run on the wall clock)")
+    p.add_argument("--lockstep", action="store_true", help="wait for every decision (reproducible, not real time)")
+    p.add_argument("--oracle", action="store_true", help="ground-truth controller instead of the coprocessor")
+    p.add_argument("--out", default="demo_report", help="report folder (default demo_report/)")
+    p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra coprocessor parameter, e.g. deadline.qc_ms=8 (repeatable)")
+    p.add_argument("--record", default="", metavar="BAG",
+                   help="record telemetry, ground truth and decisions as rosbag2 MCAP (new folder)")
+    p.add_argument("--only", choices=("qc", "grasp"), help="run one station only")
+    p.add_argument("--quiet", action="store_true", help="no live progress line")
+
+
+def ros_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("ROS_DOMAIN_ID", "77")
+    env.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+    env.setdefault("RMW_IMPLEMENTATION", "rmw_fastrtps_cpp")
+    env.setdefault("FASTDDS_DEFAULT_PROFILES_FILE", str(REPO / "config" / "fastdds_localhost.xml"))
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("MUJOCO_GL", "egl")
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def ros_param(pair: str) -> str:
+    """CLI KEY=VALUE → a `-p KEY:=VALUE` the node accepts: floats keep a decimal point (ROS
+    parameters are typed, and 5000 would arrive as an integer); unknown keys fail here."""
+    from sol_control.config import param_specs
+
+    key, sep, value = pair.replace(":=", "=", 1).partition("=")
+    kinds = {s.name: s.kind for s in param_specs()}
+    if not sep or key not in kinds:
+        raise ValueError(f"--param {pair!r}: expected KEY=VALUE with KEY a coprocessor parameter "
+                         f"(e.g. deadline.qc_ms=8)")
+    if kinds[key] is float:
+        value = repr(float(value))
+    return f"{key}:={value}"
+
+
+def standard_only_params() -> list[str]:
+    """Node parameters for the baseline: every decision from the fp32 planner, no speculation."""
+    return ["decoding.standard_only:=true"]
+
+
+def coprocessor_cmd(task: str, params: list[str], lockstep: bool, camera_to_ejector_m: float = 0.5) -> list[str]:
+    """The coprocessor for one camera: its own node name, camera remapped, sim time."""
+    cam = CAMERA_OF_TASK[task]
+    base = [f"mode:={task}", "use_sim_time:=true", "autostart:=true",
+            "deadline.sensor_timeout_ms:=600000.0",          # cameras are triggered: gaps are normal
+            f"qc.camera_to_ejector_m:={float(camera_to_ejector_m)}"]
+    if lockstep:   # sim time stands still while a decision is computed; /clock may lag an image
+        base += ["deadline.max_future_ms:=1000.0", "deadline.max_staleness_ms:=10000.0"]
+    cmd = [sys.executable, "-m", "sol_control.ros.node", "--ros-args",
+           "-r", f"__node:=sol_control_{task}", "-r", f"camera/image_raw:={cam}/camera/image_raw"]
+    for p in base + params:
+        cmd += ["-p", p]
+    return cmd
+
+
+def start_nodes(tasks: tuple[str, ...], params: list[str], lockstep: bool, log_dir: Path,
+                env: dict, camera_to_ejector_m: float = 0.5) -> dict[str, subprocess.Popen]:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    procs = {}
+    for task in tasks:
+        log = open(log_dir / f"coprocessor_{task}.log", "w")
+        cmd = coprocessor_cmd(task, params, lockstep, camera_to_ejector_m)
+        procs[task] = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return procs
+
+
+def stop_nodes(procs: dict[str, subprocess.Popen]) -> None:
+    for p in procs.values():
+        if p.poll() is None:
+            p.send_signal(signal.SIGINT)
+    for p in procs.values():
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=5)
+
+
+def _first_error(log_dir: Path) -> str:
+    for log in sorted(log_dir.glob("coprocessor_*.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            if "[ERROR]" in line or "Traceback" in line:
+                return f"{log.stem}: {line.split(']: ', 1)[-1]}"
+    return "no error logged"
+
+
+class Progress:
+    def __init__(self, duration_s: float, quiet: bool):
+        self.duration_s, self.quiet = duration_s, quiet
+        self.last_print = 0.0
+
+    def line(self, bridge) -> str:
+        s = bridge.cell.tally
+        d = bridge.decisions
+        lat = sorted(x["latency_ms"] for x in d[-200:])
+        p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else float("nan")
+        fast = sum(x["source"] == "fast" for x in d) / len(d) if d else float("nan")
+        acc = s.qc_accuracy()
+        return (f"t={bridge.cell.time_s:6.1f}/{self.duration_s:.0f}s  parts {s.parts:4d} "
+                f"(acc {100 * acc:5.1f}%, rej {s.qc['correct_reject'] + s.qc['false_reject']}, "
+                f"manual {s.qc['manual']})  grasps {s.grasp['success']}/{s.grasp['success'] + s.grasp['failure']}"
+                f" (held {s.grasp['held']})  p99 {p99:5.1f} ms  fast {100 * fast:5.1f}%  "
+                f"unlabelled misses {sum(x['unlabelled_miss'] for x in d)}")
+
+    def tick(self, bridge) -> None:
+        now = time.monotonic()
+        if self.quiet or now - self.last_print < 1.0:
+            return
+        self.last_print = now
+        print("\r" + self.line(bridge), end="", flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from sol_control.sim.config import BridgeConfig
+
+    env = ros_env()
+    _export(env)
+    out = Path(args.out)
+    tasks = (args.only,) if args.only else ("qc", "grasp")
+    params = [ros_param(p) for p in args.param]
+    if args.standard_only:
+        params += standard_only_params()
+    if not args.oracle:
+        check_bundles(tasks, params)
+    cfg = BridgeConfig(mode="lockstep" if args.lockstep else "realtime", duration_s=args.duration,
+                       rate=args.rate, record_path=args.record,
+                       cell={"seed": args.seed, "qc": "qc" in tasks, "grasp": "grasp" in tasks})
+    progress = Progress(cfg.duration_s, args.quiet)
+    summary, events = closed_loop(cfg, tasks, params, out / "logs", oracle=args.oracle, progress=progress,
+                                  snapshot=out / "cell_overview.png")
+    from sol_control.sim import report as rep
+
+    meta = {"seed": args.seed, "duration_s": args.duration, "mode": cfg.mode, "rate": cfg.rate,
+            "controller": "oracle" if args.oracle else "coprocessor",
+            "standard_only": bool(args.standard_only), "node_params": params}
+    r = rep.build_report(summary, meta)
+    files = rep.write(out, r, events) + [out / "cell_overview.png"]
+    print("\n" + rep.table(r))
+    print("wrote " + ", ".join(str(f) for f in files))
+    return 0
+
+
+def _export(env: dict) -> None:
+    for k in ("ROS_DOMAIN_ID", "ROS_AUTOMATIC_DISCOVERY_RANGE", "RMW_IMPLEMENTATION",
+              "FASTDDS_DEFAULT_PROFILES_FILE", "OMP_NUM_THREADS", "MUJOCO_GL"):
+        os.environ[k] = env[k]
+
+
+def check_bundles(tasks: tuple[str, ...], params: list[str]) -> None:
+    from sol_control.config import shipped_bundle
+
+    missing = [t for t in tasks if not (shipped_bundle(t) / "manifest.json").is_file()
+               and not any(p.startswith(f"{t}.bundle:=") for p in params)]
+    if missing:
+        raise ValueError(f"no shipped bundle for {', '.join(missing)} (models/<task>/manifest.json); "
+                         f"build them (make models) or pass --param {missing[0]}.bundle=DIR, or use --oracle")
+
+
+def closed_loop(cfg, tasks: tuple[str, ...], params: list[str], log_dir: Path, oracle: bool = False,
+                progress: Progress | None = None, snapshot: Path | None = None) -> tuple[dict, list[dict]]:
+    """Start the coprocessor nodes (unless oracle), run the cell as `cell_sim`, stop the nodes.
+    Returns the bridge summary and every event (decisions, outcomes)."""
+    from sol_control.sim.bridge import Session
+
+    env = ros_env()                     # the nodes and this process share one domain, whatever the caller set
+    procs = {} if oracle else start_nodes(tasks, params, cfg.mode == "lockstep", log_dir, env,
+                                          cfg.cell.conveyor.camera_to_ejector_m)
+    alive = lambda: all(p.poll() is None for p in procs.values())  # noqa: E731
+    try:
+        with Session(cfg, int(env["ROS_DOMAIN_ID"]), oracle=oracle) as session:
+            if procs:
+                _wait_for_nodes(session, procs, env, log_dir, alive, progress)
+            bridge = session.bridge
+
+            def stop() -> bool:
+                if progress is not None:
+                    progress.tick(bridge)
+                return not alive()
+
+            session.run(should_stop=stop)
+            if progress is not None and not progress.quiet:
+                print("\r" + progress.line(bridge), flush=True)
+            if snapshot is not None:
+                import cv2
+
+                snapshot.parent.mkdir(parents=True, exist_ok=True)
+                cv2.imwrite(str(snapshot), bridge.cell.render_overview()[..., ::-1])
+            dead = {t: p.returncode for t, p in procs.items() if p.poll() is not None}
+            if dead:
+                raise ValueError(f"coprocessor exited during the run: {dead} (logs in {log_dir})")
+            return bridge.summary(), session.events
+    finally:
+        stop_nodes(procs)
+
+
+def _wait_for_nodes(session, procs: dict, env: dict, log_dir: Path, alive, progress) -> None:
+    names = [f"sol_control_{t}" for t in procs]
+    say = progress is None or not progress.quiet
+    if say:
+        print(f"starting coprocessor nodes {', '.join(names)} (ROS_DOMAIN_ID={env['ROS_DOMAIN_ID']}) ...",
+              flush=True)
+    t0 = time.monotonic()
+    states = session.wait_active(names, STARTUP_TIMEOUT_S, alive)
+    if any(v != "active" for v in states.values()):
+        raise ValueError(f"coprocessor nodes not active after {time.monotonic() - t0:.0f} s: {states}; "
+                         f"{_first_error(log_dir)} (logs in {log_dir})")
+    if say:
+        print(f"nodes active after {time.monotonic() - t0:.1f} s; running the cell", flush=True)

@@ -1,0 +1,136 @@
+"""The demo's outputs: summary table, report.json and PNG plots (matplotlib, Agg)."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+
+def _pct(x: float) -> str:
+    return "   n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:6.2f}%"
+
+
+def _ms(x: float) -> str:
+    return "   n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:7.2f}"
+
+
+def build_report(summary: dict, meta: dict) -> dict:
+    qc, grasp = summary.get("qc", {}), summary.get("grasp", {})
+    return {
+        **meta,
+        "parts": summary["parts"],
+        "qc_accuracy": summary["qc_accuracy"],
+        "qc_accuracy_all_parts": summary["qc_accuracy_all"],
+        "correct_accepts": qc.get("correct_accept", 0), "correct_rejects": qc.get("correct_reject", 0),
+        "false_rejects": qc.get("false_reject", 0), "missed_defects": qc.get("missed_defect", 0),
+        "manual_inspection": qc.get("manual", 0), "no_verdict": qc.get("no_verdict", 0),
+        "grasp_success": summary["grasp_success"],
+        "grasp_attempts": grasp.get("success", 0) + grasp.get("failure", 0),
+        "grasp_successes": grasp.get("success", 0), "grasp_holds": grasp.get("held", 0),
+        "grasp_no_decision": grasp.get("no_decision", 0),
+        "decisions": summary["decisions"],
+        "deadline_hit_rate": summary["deadline_hit_rate"],
+        "unlabelled_misses": summary["unlabelled_misses"],
+        "fallback_rate": summary["fallback_rate"],
+        "p50_ms": summary["p50_ms"], "p99_ms": summary["p99_ms"],
+        "e2e_p50_ms": summary["e2e_p50_ms"], "e2e_p99_ms": summary["e2e_p99_ms"],
+        "measured_p50_ms": summary["measured_p50_ms"], "measured_p99_ms": summary["measured_p99_ms"],
+        "sources": summary["sources"], "latency_by_source": summary["latency_by_source"],
+        "decision_timeouts": summary["decision_timeouts"], "ignored_decisions": summary["ignored_decisions"],
+        "unmatched_verdicts": summary["unmatched_verdicts"], "realtime_lag_s": summary["realtime_lag_s"],
+        "sim_time_s": summary["sim_time_s"],
+    }
+
+
+def table(r: dict) -> str:
+    rows = [
+        ("parts inspected", f"{r['parts']:7d}"),
+        ("QC accuracy (pass/reject verdicts)", _pct(r["qc_accuracy"])),
+        ("QC accuracy (all parts)", _pct(r["qc_accuracy_all_parts"])),
+        ("false rejects", f"{r['false_rejects']:7d}"),
+        ("missed defects", f"{r['missed_defects']:7d}"),
+        ("sent to manual inspection", f"{r['manual_inspection']:7d}"),
+        ("grasp attempts", f"{r['grasp_attempts']:7d}"),
+        ("grasp success", _pct(r["grasp_success"])),
+        ("grasps held (safe default)", f"{r['grasp_holds']:7d}"),
+        ("decisions", f"{r['decisions']:7d}"),
+        ("deadline hit rate", _pct(r["deadline_hit_rate"])),
+        ("deadline misses not labelled", f"{r['unlabelled_misses']:7d}"),
+        ("fallback rate (not fast)", _pct(r["fallback_rate"])),
+        ("latency p50 / p99 (ms, node)", f"{_ms(r['p50_ms'])} / {_ms(r['p99_ms'])}"),
+        ("image→decision out p50 / p99 (ms, DDS)", f"{_ms(r['e2e_p50_ms'])} / {_ms(r['e2e_p99_ms'])}"),
+        ("image→decision back p50 / p99 (ms)", f"{_ms(r['measured_p50_ms'])} / {_ms(r['measured_p99_ms'])}"),
+    ]
+    for task, by in sorted(r["latency_by_source"].items()):
+        for src, s in sorted(by.items()):
+            rows.append((f"  {task} {src} (n={s['n']}) p50 / p99 ms", f"{_ms(s['p50_ms'])} / {_ms(s['p99_ms'])}"))
+    w = max(len(k) for k, _ in rows)
+    line = "+" + "-" * (w + 2) + "+" + "-" * 21 + "+"
+    body = [f"| {k:<{w}} | {v:>19} |" for k, v in rows]
+    return "\n".join([line, *body, line])
+
+
+def write(out_dir: Path, report: dict, events: list[dict]) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "report.json").write_text(json.dumps(report, indent=1, default=float, allow_nan=True))
+    with open(out_dir / "events.jsonl", "w") as f:
+        for e in events:
+            f.write(json.dumps(e, default=float) + "\n")
+    return [out_dir / "report.json", out_dir / "events.jsonl", *plot(out_dir, events)]
+
+
+def plot(out_dir: Path, events: list[dict]) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    decisions = [e for e in events if e["type"] == "decision"]
+    paths = []
+    colours = {"fast": "tab:green", "full_precision": "tab:blue", "safe_default": "tab:red", "oracle": "tab:gray"}
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, task in zip(axes, ("qc", "grasp")):
+        by = {}
+        for d in decisions:
+            if d["task"] == task:
+                by.setdefault(d["source"], []).append(d["latency_ms"])
+        for src, lat in sorted(by.items()):
+            ax.hist(lat, bins=40, alpha=0.6, label=f"{src} (n={len(lat)})", color=colours.get(src))
+        deadline = next((d["deadline_ms"] for d in decisions if d["task"] == task), None)
+        if deadline and by:
+            ax.axvline(deadline, color="k", ls="--", lw=1, label=f"deadline {deadline:g} ms")
+        ax.set_title(f"{task} decision latency by source")
+        ax.set_xlabel("latency from image stamp (ms)")
+        ax.set_ylabel("decisions")
+        if by:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    paths.append(out_dir / "latency_histogram.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(11, 6), sharex=True)
+    for d in decisions:
+        ax1.scatter(d["t_s"], d["latency_ms"], s=10, color=colours.get(d["source"], "k"),
+                    marker="o" if d["task"] == "qc" else "^")
+    for src, c in colours.items():
+        ax1.scatter([], [], color=c, s=10, label=src)
+    ax1.set_ylabel("latency (ms)")
+    ax1.set_title("decisions over time (o QC, ^ grasp)")
+    ax1.legend(fontsize=8, loc="upper right")
+    good = {"correct_accept", "correct_reject", "success"}
+    rows = {"qc_outcome": 1, "grasp_outcome": 0}
+    for e in events:
+        if e["type"] in rows:
+            colour = ("tab:green" if e["outcome"] in good
+                      else "tab:orange" if e["outcome"] in ("manual", "held")
+                      else "tab:gray" if e["outcome"] in ("no_verdict", "no_decision") else "tab:red")
+            ax2.scatter(e["t_s"], rows[e["type"]], color=colour, s=14)
+    ax2.set_yticks([0, 1], ["grasp", "QC part"])
+    ax2.set_xlabel("sim time (s)")
+    ax2.set_title("outcomes (green correct / success, orange manual / held, gray undecided, red wrong / failed)")
+    fig.tight_layout()
+    paths.append(out_dir / "timeline.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths

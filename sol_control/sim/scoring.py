@@ -1,0 +1,83 @@
+"""Outcome tallies of the cell: QC outcomes per part, grasp outcomes per object."""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class Tally:
+    qc: Counter = field(default_factory=Counter)        # outcome → count
+    grasp: Counter = field(default_factory=Counter)     # success | failure | held | no_decision
+    qc_events: list = field(default_factory=list)
+    grasp_events: list = field(default_factory=list)
+    unmatched_verdicts: int = 0
+    ignored_grasps: int = 0
+
+    def add(self, event: dict) -> None:
+        if event["type"] == "qc_outcome":
+            self.qc[event["outcome"]] += 1
+            self.qc[f"verdict_{event['verdict']}"] += 1
+            self.qc_events.append(event)
+        elif event["type"] == "grasp_outcome":
+            self.grasp[event["outcome"]] += 1
+            self.grasp_events.append(event)
+
+    @property
+    def parts(self) -> int:
+        return len(self.qc_events)
+
+    def qc_accuracy(self) -> float:
+        """Correct accept/reject over parts that got a pass/reject verdict (manual excluded)."""
+        decided = sum(self.qc[k] for k in ("correct_accept", "correct_reject", "false_reject", "missed_defect"))
+        return (self.qc["correct_accept"] + self.qc["correct_reject"]) / decided if decided else float("nan")
+
+    def qc_accuracy_all(self) -> float:
+        """Correct accept/reject over every part that left the line (manual, no verdict = wrong)."""
+        correct = self.qc["correct_accept"] + self.qc["correct_reject"]
+        return correct / self.parts if self.parts else float("nan")
+
+    def grasp_success(self) -> float:
+        """Successes over executed grasp attempts (held / no_decision are not attempts)."""
+        attempts = self.grasp["success"] + self.grasp["failure"]
+        return self.grasp["success"] / attempts if attempts else float("nan")
+
+    def summary(self) -> dict:
+        return {"parts": self.parts, "qc": dict(self.qc), "qc_accuracy": self.qc_accuracy(),
+                "qc_accuracy_all": self.qc_accuracy_all(),
+                "grasp": dict(self.grasp), "grasp_success": self.grasp_success(),
+                "unmatched_verdicts": self.unmatched_verdicts, "ignored_grasps": self.ignored_grasps}
+
+
+def _pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def latency_table(decisions: list[dict], key: str = "latency_ms") -> dict:
+    """{task: {source: {n, p50_ms, p99_ms}}} over decision records."""
+    out: dict = {}
+    for d in decisions:
+        out.setdefault(d["task"], {}).setdefault(d["source"], []).append(d[key])
+    return {task: {src: {"n": len(v), "p50_ms": _pct(v, 50), "p99_ms": _pct(v, 99)} for src, v in by.items()}
+            for task, by in out.items()}
+
+
+def decision_stats(decisions: list[dict]) -> dict:
+    """Latency, deadline and fallback figures over the decision records the bridge logged."""
+    lat = [d["latency_ms"] for d in decisions]
+    measured = [d["measured_ms"] for d in decisions]
+    e2e = [d["e2e_ms"] for d in decisions]
+    n = len(decisions)
+    return {
+        "decisions": n,
+        "p50_ms": _pct(lat, 50), "p99_ms": _pct(lat, 99),
+        "measured_p50_ms": _pct(measured, 50), "measured_p99_ms": _pct(measured, 99),
+        "e2e_p50_ms": _pct(e2e, 50), "e2e_p99_ms": _pct(e2e, 99),
+        "deadline_hit_rate": sum(d["deadline_met"] for d in decisions) / n if n else float("nan"),
+        "unlabelled_misses": sum(d["unlabelled_miss"] for d in decisions),
+        "fallback_rate": sum(d["source"] != "fast" for d in decisions) / n if n else float("nan"),
+        "sources": dict(Counter(d["source"] for d in decisions)),
+        "latency_by_source": latency_table(decisions),
+    }
