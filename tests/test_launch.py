@@ -157,3 +157,15 @@ def test_every_parameter_is_documented():
     text = "\n".join(p.read_text() for p in docs)
     missing = [s.name for s in param_specs() if f"`{s.name}`" not in text]
     assert not missing, missing
+
+
+def test_sim_demo_launch_names_existing_executables():
+    tree = ast.parse((REPO / "launch" / "sim_demo.launch.py").read_text())
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    scripts = console_scripts()
+    execs = [{k.arg: k.value for k in c.keywords}["executable"].value
+             for c in calls if getattr(c.func, "id", "") in ("Node", "LifecycleNode")]
+    assert sorted(execs) == ["cell_sim", "coprocessor"] and all(e in scripts for e in execs)
+    declared = {c.args[0].value for c in calls if getattr(c.func, "id", "") == "DeclareLaunchArgument"}
+    used = {c.args[0].value for c in calls if getattr(c.func, "id", "") == "LaunchConfiguration"}
+    assert used <= declared
