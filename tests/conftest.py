@@ -9,3 +9,12 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
 MODELS = REPO / "models"
+
+
+def bundle_dir(task: str) -> Path | None:
+    """The bundle under test: $SOL_CONTROL_TEST_BUNDLES/<task>, else the shipped models/<task>."""
+    alt = os.environ.get("SOL_CONTROL_TEST_BUNDLES")
+    for d in ([Path(alt) / task] if alt else []) + [MODELS / task]:
+        if (d / "manifest.json").is_file():
+            return d
+    return None

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import math
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import FIXTURES, REPO
+from tests.conftest import FIXTURES, REPO, bundle_dir
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SLOW = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -26,12 +25,6 @@ CH = {"rgb8": 3, "bgr8": 3, "mono8": 1, "rgba8": 4, "bgra8": 4}
 floats_any = st.floats(allow_nan=True, allow_infinity=True, width=64)
 
 
-def qc_bundle_dir() -> Path | None:
-    alt = os.environ.get("SOL_CONTROL_TEST_BUNDLES")
-    for d in ([Path(alt) / "qc"] if alt else []) + [REPO / "models" / "qc"]:
-        if (d / "manifest.json").is_file():
-            return d
-    return None
 
 
 def rejected_with_message(e: Exception) -> None:
@@ -226,7 +219,7 @@ def test_decision_status_parsing(values, name):
 
 
 # -- perception and action tokens (need a real bundle) ----------------------------------------------
-QC = qc_bundle_dir()
+QC = bundle_dir("qc")
 needs_qc = pytest.mark.skipif(QC is None, reason="no QC bundle")
 
 

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from tests.bad_inputs import CASES, CORPUS_PARAMS, TOPICS, Ctx, by_reason
+from tests.conftest import bundle_dir
 from tests.ros_helpers import REPO, ros_env, set_ros_env, wait_for
 
 DOMAIN_NODE, DOMAIN_BAD_BUNDLE = 50, 51
@@ -28,16 +29,9 @@ FIXTURE_TINY = REPO / "tests" / "fixtures" / "tiny"
 DEADLINE_MS = 60.0
 
 
-def qc_bundle_dir() -> Path | None:
-    """The QC bundle under test: $SOL_CONTROL_TEST_BUNDLES/qc, else the shipped models/qc."""
-    alt = os.environ.get("SOL_CONTROL_TEST_BUNDLES")
-    for d in ([Path(alt) / "qc"] if alt else []) + [REPO / "models" / "qc"]:
-        if (d / "manifest.json").is_file():
-            return d
-    return None
 
 
-QC_BUNDLE = qc_bundle_dir()
+QC_BUNDLE = bundle_dir("qc")
 pytestmark = pytest.mark.skipif(QC_BUNDLE is None, reason="no QC bundle (models/qc or $SOL_CONTROL_TEST_BUNDLES/qc)")
 
 # qc.min_confidence 0: the fast path's valid, in-time answers are always taken, so the faults below
