@@ -32,7 +32,8 @@ FIRST_OBS_TOKEN = 4
 QC_FEATURES = (
     ("holes", 8, -0.5, 7.5, "linear"),
     ("area", 16, 0.02, 0.40, "log"),  # filled part area / image area
-    ("aspect", 32, 1.0, 2.2, "linear"),  # principal-axis ratio from second moments
+    ("aspect", 48, 1.0, 2.2, "linear"),  # principal-axis ratio from second moments
+    ("rect_aspect", 48, 1.0, 2.2, "linear"),  # min-area-rect long / short side (brackets, plates)
     ("fill", 24, 0.40, 1.0, "linear"),  # filled area / min-area-rect area
     ("solidity", 16, 0.50, 1.0, "linear"),
     ("hole_frac", 16, 0.0, 0.40, "linear"),
@@ -139,6 +140,7 @@ def qc_features(image: np.ndarray) -> dict[str, float]:
     common = math.sqrt(((mu20 - mu02) / 2) ** 2 + mu11 ** 2)
     l1, l2 = (mu20 + mu02) / 2 + common, max((mu20 + mu02) / 2 - common, 1e-6)
     f = {"holes": holes, "area": area / (n * n), "aspect": math.sqrt(l1 / l2),  # moment axis ratio
+         "rect_aspect": max(rw, rh) / max(min(rw, rh), 1.0),
          "fill": area / max(rw * rh, 1.0), "solidity": area / max(hull, 1.0),
          "hole_frac": float(holes_mask.sum()) / area, "part_u": pu, "part_v": pv}
     size_px = max(rw, rh, 1.0)

@@ -1,0 +1,96 @@
+"""Observation tokenizer: fixed prefix shape, token ranges, measurement accuracy, bad input."""
+from __future__ import annotations
+
+import math
+
+import cv2
+import numpy as np
+import pytest
+
+from sol_control.perception import (BOS, SEP, ObservationTokenizer, feature_config, grasp_features,
+                                    qc_features)
+from sol_control.tasks import common, grasp, qc
+
+
+@pytest.fixture(scope="module", params=["qc", "grasp"])
+def tok(request) -> ObservationTokenizer:
+    return ObservationTokenizer(feature_config(request.param))
+
+
+def _sample(task: str, i: int):
+    return (qc if task == "qc" else grasp).make_sample("test", i)
+
+
+def test_prefix_shape_and_token_ranges(tok):
+    lo, hi = tok.config["token_range"]
+    for i in range(15):
+        s = _sample(tok.task, i)
+        ids = tok.encode(s.image, getattr(s, "joints_rad", None))
+        assert ids.dtype == np.int64 and ids.shape == (tok.prefix_len,)
+        assert ids[0] == BOS and ids[-1] == SEP
+        for t, spec in zip(ids[1:-1], tok.features):  # each feature inside its own range
+            assert spec["offset"] <= t < spec["offset"] + spec["size"]
+            assert lo <= t < hi
+
+
+def test_any_image_size(tok):
+    s = _sample(tok.task, 3)
+    joints = getattr(s, "joints_rad", None)
+    base = tok.encode(s.image, joints)
+    big = cv2.resize(s.image, (s.image.shape[1] * 2, s.image.shape[0] * 2), interpolation=cv2.INTER_LINEAR)
+    padded = np.concatenate([big, big[:, :40]], axis=1)  # non-square: centre-cropped
+    for img in (big, padded):
+        ids = tok.encode(img, joints)
+        assert ids.shape == base.shape
+        assert np.mean(ids == base) >= 0.6  # same scene, mostly the same bins
+
+
+def test_unusable_images_raise(tok):
+    bg = common.BELT_RGB if tok.task == "qc" else common.TABLE_RGB
+    empty = np.empty((100, 100, 3), np.uint8)
+    empty[:] = bg
+    with pytest.raises(ValueError, match="no (part|object) found"):
+        tok.encode(empty, np.zeros(6))
+    with pytest.raises(ValueError, match="uint8"):
+        tok.encode(np.zeros((64, 64), np.uint8))
+    with pytest.raises(ValueError, match="uint8"):
+        tok.encode(np.zeros((64, 64, 3), np.float32))
+    with pytest.raises(ValueError, match="at least"):
+        tok.encode(np.zeros((8, 8, 3), np.uint8))
+
+
+def test_grasp_measurements_match_the_geometry():
+    for i in range(25):
+        s = grasp.make_sample("test", i)
+        f = grasp_features(s.image, s.joints_rad)
+        assert math.hypot(f["x"] - s.label["x"], f["y"] - s.label["y"]) < 0.001  # sub-pixel (1.25 mm px)
+        if s.scene.objects[s.target_index].shape != "cylinder":
+            d = abs((f["axis"] - s.label["yaw"] + math.pi / 2) % math.pi - math.pi / 2)
+            assert d < math.radians(2.0)
+        assert f["n_objects"] == len(s.scene.objects)
+    with pytest.raises(ValueError, match="joints_rad"):
+        grasp_features(s.image, np.zeros(3))
+
+
+def test_qc_measurements_see_holes_and_cracks():
+    expected = {"plate": 4, "ring": 1, "bracket": 2}
+    for i in range(45):
+        s = qc.make_sample("test", i)
+        f = qc_features(s.image)
+        if s.spec.defect == "ok":
+            assert f["holes"] == expected[s.spec.family] and f["dark_len"] == 0.0
+        if s.spec.defect == "missing_hole":
+            assert f["holes"] == expected[s.spec.family] - 1
+        if s.spec.defect == "crack":
+            assert f["dark_len"] > 0.0
+
+
+def test_config_errors():
+    cfg = feature_config("qc")
+    with pytest.raises(ValueError, match="unsupported"):
+        ObservationTokenizer({**cfg, "kind": "patches"})
+    with pytest.raises(ValueError, match="unknown qc feature"):
+        ObservationTokenizer({**cfg, "features": cfg["features"] + [{"name": "x", "offset": 999, "size": 2,
+                                                                    "low": 0, "high": 1}]})
+    with pytest.raises(ValueError, match="task"):
+        feature_config("sort")

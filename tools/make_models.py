@@ -1,0 +1,210 @@
+"""Rebuild the shipped bundles models/qc and models/grasp (dev-only, torch): generate data, train
+the target, distil the draft, export to ONNX, quantize, store parity references, evaluate, and write
+manifest.json. Each stage reuses its .work/ output when present (delete .work/ to start over).
+
+    python tools/make_models.py [--tasks qc,grasp] [--steps 1800] [--draft-steps 3000] [--out models]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT))
+
+import train as T  # noqa: E402
+
+from sol_control.bundle import write_manifest  # noqa: E402
+
+N_REF = 3  # parity reference sequences per bundle
+N_TRAIN = {"qc": 16000, "grasp": 16000}
+DESCRIPTIONS = {
+    "qc": "Belt QC: part class (ok / 5 defects), defect location (u, v) and severity from binned "
+          "image features. Synthetic data, analytic labels.",
+    "grasp": "Top-down grasp: x, y, z, yaw, width, force and 3 approach waypoints (256 bins each) "
+             "from binned image features of the largest object + joint state. Analytic teacher.",
+}
+
+
+def stage(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def export_bundle(task: str, out: Path, work: Path) -> dict:
+    import torch
+    from export import export_decoder, parity
+    from quantize import quantize_int4, quantize_int8
+
+    target, draft = T.load_model(work / "target"), T.load_model(work / "draft")
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("*.onnx*"):
+        old.unlink()
+    stage(f"{task}: export")
+    export_decoder(target, out / "target_fp32.onnx", opset=23, max_context=T.MAX_CONTEXT)
+    export_decoder(draft, out / "draft_fp32.onnx", opset=23, max_context=T.MAX_CONTEXT)
+    quantize_int8(out / "target_fp32.onnx", out / "target_int8.onnx")
+    quantize_int4(out / "target_fp32.onnx", out / "target_int4.onnx", block_size=32, accuracy_level=4)
+    info = {"parity_max_abs_fp32": parity(target, out / "target_fp32.onnx"),
+            "parity_max_abs_draft": parity(draft, out / "draft_fp32.onnx")}
+    # parity references: real test prefixes + the target's greedy actions, torch logits at every position
+    test = T.build_split(task, "test", 64, workers=1)
+    ids = np.concatenate([test["prefix"][:N_REF], T.greedy_batch(target, test["prefix"][:N_REF],
+                                                                 test["actions"].shape[1])], axis=1)
+    with torch.no_grad():
+        logits = target(torch.from_numpy(ids)).logits.float().numpy()  # [R, L, V]
+        dlogits = draft(torch.from_numpy(ids)).logits.float().numpy()
+    np.savez(out / "reference.npz", ids=ids, target_logits=logits, draft_logits=dlogits,
+             prefix_len=np.int64(test["prefix"].shape[1]))
+    return info
+
+
+def spec(model, files: dict[str, str]) -> dict:
+    c = model.config
+    return {"n_layers": c.num_hidden_layers, "n_kv_heads": c.num_key_value_heads, "head_dim": c.head_dim,
+            "hidden_size": c.hidden_size, "params": T.n_params(model), "files": files}
+
+
+def manifest_dict(task: str, out: Path, work: Path, metrics: dict) -> dict:
+    lay = T.layout(task)
+    target, draft = T.load_model(work / "target"), T.load_model(work / "draft")
+    files = ["target_fp32.onnx", "target_int8.onnx", "target_int4.onnx", "draft_fp32.onnx", "reference.npz"]
+    return {"name": f"sol_control-{task}", "task": task, "description": DESCRIPTIONS[task],
+            "max_context": T.MAX_CONTEXT, "vocab": lay["vocab"], "opset": 23,
+            "target": spec(target, {"fp32": "target_fp32.onnx", "int8": "target_int8.onnx",
+                                    "int4": "target_int4.onnx"}),
+            "draft": spec(draft, {"fp32": "draft_fp32.onnx"}),
+            "observation": lay["observation"], "actions": lay["actions"],
+            "files": {f: {} for f in files}, "metrics": metrics}
+
+
+def build(task: str, args) -> dict:
+    work = T.WORK / task
+    work.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out) / task
+    t0 = time.monotonic()
+    n_train = args.n_train or N_TRAIN[task]
+    stage(f"{task}: data ({n_train} training scenes)")
+    data = T.build_split(task, "train", n_train, args.workers)
+    timing = {}
+    if not (work / "target" / "config.json").exists():
+        stage(f"{task}: train target ({args.steps} steps)")
+        model = T.make_model(task, T.TARGET_ARCH)
+        info = T.train(model, data, args.steps, args.lr, args.batch, T.WORK / "train.log", work / "target",
+                       f"{task}/target")
+        (work / "target_train.json").write_text(json.dumps(info, indent=2))
+    if not (work / "draft" / "config.json").exists():
+        stage(f"{task}: distil draft ({args.draft_steps} steps)")
+        target = T.load_model(work / "target")
+        # more prefixes than the target saw (the next training indices): the draft imitates the
+        # target's greedy choices, and more of them make it generalise better (acceptance)
+        prefix = np.concatenate([data["prefix"], T.extra_prefixes(task, n_train, args.distill_extra, args.workers)])
+        acts = T.greedy_batch(target, prefix, data["actions"].shape[1])
+        np.save(work / "target_greedy.npy", acts)
+        draft = T.make_model(task, T.DRAFT_ARCH, seed=1)
+        info = T.train(draft, {"prefix": prefix, "actions": acts}, args.draft_steps, args.lr,
+                       args.batch, T.WORK / "train.log", work / "draft", f"{task}/draft")
+        info["target_teacher_token_agreement"] = float((acts[:len(data["actions"])] == data["actions"]).mean())
+        info["distillation_prefixes"] = len(prefix)
+        (work / "draft_train.json").write_text(json.dumps(info, indent=2))
+    timing["train_s"] = round(time.monotonic() - t0, 1)
+    export_info = export_bundle(task, out, work)
+    # write a first manifest (sha256) so the engine can load the bundle, then evaluate and rewrite
+    write_manifest(out, manifest_dict(task, out, work, {}))
+    from sol_control.eval import evaluate
+
+    metrics = {"export": export_info, "training": {}}
+    for name in ("target_train.json", "draft_train.json"):
+        if (work / name).exists():
+            metrics["training"][name.split("_")[0]] = json.loads((work / name).read_text())
+    for split, n in (("test", args.n_test), ("heldout", args.n_heldout)):
+        stage(f"{task}: eval {split} ({n} scenes)")
+        rep = evaluate(out, split, n=n, quiet=False)
+        metrics[split] = rep["precisions"]
+    timing["total_s"] = round(time.monotonic() - t0, 1)
+    metrics["timing"] = timing
+    write_manifest(out, manifest_dict(task, out, work, metrics))
+    stage(f"{task}: done in {timing['total_s']:.0f} s")
+    return metrics
+
+
+def metrics_table(models: Path) -> str:
+    """Markdown tables of the metrics stored in the bundles' manifests."""
+    lines = []
+    for task, keys in (("qc", ("accuracy", "defect_recall", "false_reject_rate")),
+                       ("grasp", ("success_rate", "pos_err_mm_p95", "yaw_err_deg_p95", "width_err_mm_p95"))):
+        mpath = models / task / "manifest.json"
+        if not mpath.exists():
+            continue
+        m = json.loads(mpath.read_text())
+        met = m["metrics"]
+        size_mb = sum(f["size_bytes"] for f in m["files"].values()) / 1e6
+        t, d = m["target"], m["draft"]
+        prefix_len = m["observation"]["prefix_len"]
+        lines += [f"**{task}** bundle: {size_mb:.1f} MB; target {t['n_layers']} layers x {t['hidden_size']} "
+                  f"({t['params'] / 1e6:.2f} M params), draft {d['n_layers']} x {d['hidden_size']} "
+                  f"({d['params'] / 1e6:.2f} M); prefix {prefix_len} tokens, {len(m['actions'])} action tokens; "
+                  f"fp32 export parity max |ort - torch| = {met['export']['parity_max_abs_fp32']:.1e}; "
+                  f"build time {met.get('timing', {}).get('total_s', 0) / 60:.0f} min "
+                  f"(data + training {met.get('timing', {}).get('train_s', 0) / 60:.0f} min).", ""]
+        n = {split: next(iter(met[split].values()))["n"] for split in ("test", "heldout") if split in met}
+        lines += [f"**{task}** (test {n.get('test')} scenes, held-out {n.get('heldout')} scenes; "
+                  f"decode = engine decode time per decision, prefill included, 1 thread)", "",
+                  "| variant | " + " | ".join(f"{k} test" for k in keys) + " | " +
+                  " | ".join(f"{k} held-out" for k in keys) + " | acceptance test | acceptance held-out "
+                  "| agreement w/ fp32 (test) | decode ms p50 (test) |",
+                  "|---" * (2 * len(keys) + 5) + "|"]
+        for variant, row in met.get("test", {}).items():
+            held = met.get("heldout", {}).get(variant, {})
+            fmt = lambda v: "–" if v is None else f"{v:.4f}" if isinstance(v, float) else str(v)  # noqa: E731
+            lines.append(f"| {variant} | " + " | ".join(fmt(row.get(k)) for k in keys) + " | " +
+                         " | ".join(fmt(held.get(k)) for k in keys) + " | " + fmt(row.get("acceptance")) +
+                         " | " + fmt(held.get("acceptance")) + " | " + fmt(row.get("agreement_with_fp32")) +
+                         " | " + fmt(row.get("decode_ms_p50")) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def update_model_card(models: Path) -> None:
+    card = models / "README.md"
+    if not card.exists():
+        return
+    text = card.read_text()
+    begin, end = "<!-- metrics:begin -->", "<!-- metrics:end -->"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        _, tail = rest.split(end, 1)
+        card.write_text(head + begin + "\n" + metrics_table(models) + end + tail)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tasks", default="qc,grasp")
+    ap.add_argument("--n-train", type=int, default=None, help="default: 16000 per task")
+    ap.add_argument("--out", default=str(ROOT / "models"), help="where the bundles go")
+    ap.add_argument("--work", default=str(T.WORK), help="cache folder for data and checkpoints")
+    ap.add_argument("--n-test", type=int, default=500)
+    ap.add_argument("--n-heldout", type=int, default=500)
+    ap.add_argument("--steps", type=int, default=1800)
+    ap.add_argument("--draft-steps", type=int, default=3000)
+    ap.add_argument("--distill-extra", type=int, default=12000, help="extra scenes for draft distillation")
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--workers", type=int, default=2)
+    args = ap.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "2")
+    T.WORK = Path(args.work)
+    for task in args.tasks.split(","):
+        build(task, args)
+    update_model_card(Path(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
