@@ -85,7 +85,7 @@ def score(task: str, manifest, decisions: list, labels: list[dict]) -> dict:
 
 
 def run_variant(bundle: Bundle, precision: str, prefixes: list, n_act: int, acts: ActionTokenizer,
-                draft_precision: str | None = None, k: int = 4) -> tuple[list, list, dict]:
+                draft_precision: str | None = None, k: int = 4, relax_delta: int = 0) -> tuple[list, list, dict]:
     """Decode every prefix with one target precision (plus a draft = speculative)."""
     target = open_decoder(bundle, "target", precision)
     draft = open_decoder(bundle, "draft", draft_precision) if draft_precision else None
@@ -97,7 +97,8 @@ def run_variant(bundle: Bundle, precision: str, prefixes: list, n_act: int, acts
         if draft is None:
             res = greedy(target, prefix, n_act)
         else:
-            res = speculate(draft, target, prefix, n_act, k=k)
+            res = speculate(draft, target, prefix, n_act, k=k, relax_delta=relax_delta,
+                            relax_range=acts.bin_range if relax_delta else None)
             proposed += res.stats.proposed
             accepted += res.stats.accepted
             passes += res.stats.verify_passes
@@ -112,21 +113,28 @@ def run_variant(bundle: Bundle, precision: str, prefixes: list, n_act: int, acts
     if draft is not None:
         extra.update(acceptance=accepted / max(proposed, 1), proposed=proposed, accepted=accepted,
                      tokens_per_target_pass=(len(wall) * (n_act - 1)) / max(passes, 1), k=k)
+        if relax_delta:
+            extra["relax_delta_bins"] = relax_delta
     return tokens, decisions, extra
 
 
-def variants(bundle: Bundle, precisions: tuple[str, ...]) -> list[tuple[str, str, str | None]]:
+def variants(bundle: Bundle, precisions: tuple[str, ...], relax_delta: int = 0) -> list[tuple[str, str, str | None, int]]:
+    """(name, target precision, draft precision or None, relax_delta) to evaluate."""
     m = bundle.manifest
     have = [p for p in precisions if p in m.target.files]
-    out = [(p, p, None) for p in have]
+    out = [(p, p, None, 0) for p in have]
     if m.draft is not None:
         dp = "fp32" if "fp32" in m.draft.files else sorted(m.draft.files)[0]
-        out += [(f"{p}+draft", p, dp) for p in have if p != "fp32"] + [("fp32+draft", "fp32", dp)] * ("fp32" in have)
+        out += [(f"{p}+draft", p, dp, 0) for p in have if p != "fp32"]
+        out += [("fp32+draft", "fp32", dp, 0)] * ("fp32" in have)
+        if relax_delta:  # lossy: a draft bin within relax_delta of the target's is accepted
+            out += [(f"{p}+draft~{relax_delta}", p, dp, relax_delta) for p in have if p != "fp32"]
     return out
 
 
 def evaluate(bundle_dir: str | Path, split: str = "test", precisions: tuple[str, ...] = ("fp32", "int8", "int4"),
-             json_path: str | Path | None = None, n: int | None = None, k: int = 4, quiet: bool = False) -> dict:
+             json_path: str | Path | None = None, n: int | None = None, k: int = 4, quiet: bool = False,
+             relax_delta: int = 0) -> dict:
     if split not in DEFAULT_N:
         raise ValueError(f"split must be 'test' or 'heldout', got {split!r}")
     bundle = Bundle.load(bundle_dir)
@@ -140,8 +148,8 @@ def evaluate(bundle_dir: str | Path, split: str = "test", precisions: tuple[str,
     prefixes, labels = encode_scenes(obs, scenes(m.task, split, n))
     report = {"bundle": m.name, "task": m.task, "split": split, "n": n, "precisions": {}}
     ref_tokens = None
-    for name, prec, draft_prec in variants(bundle, precisions):
-        tokens, decisions, extra = run_variant(bundle, prec, prefixes, acts.n_tokens, acts, draft_prec, k)
+    for name, prec, draft_prec, relax in variants(bundle, precisions, relax_delta):
+        tokens, decisions, extra = run_variant(bundle, prec, prefixes, acts.n_tokens, acts, draft_prec, k, relax)
         metrics = score(m.task, m, decisions, labels) | extra
         if ref_tokens is None and name == "fp32":
             ref_tokens = tokens
@@ -182,11 +190,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n", type=int, default=None, help="number of scenes (default 500)")
     p.add_argument("--precisions", default="fp32,int8,int4")
     p.add_argument("--k", type=int, default=4, help="draft tokens per speculative step")
+    p.add_argument("--relax-delta", type=int, default=0,
+                   help="also evaluate lossy relaxed speculation (draft bin within N bins accepted)")
     p.add_argument("--json", dest="json_path", default=None)
 
 
 def run(args: argparse.Namespace) -> int:
-    evaluate(args.bundle, args.split, tuple(args.precisions.split(",")), args.json_path, args.n, args.k)
+    evaluate(args.bundle, args.split, tuple(args.precisions.split(",")), args.json_path, args.n, args.k,
+             relax_delta=args.relax_delta)
     return 0
 
 
