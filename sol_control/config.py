@@ -113,6 +113,8 @@ class InputConfig(Strict):
                                   description="images with more pixels (width*height) are rejected")
     max_compressed_bytes: int = Field(8_388_608, ge=1, le=1_000_000_000,
                                       description="compressed images larger than this are rejected (bytes)")
+    max_joints: int = Field(64, ge=1, le=4096,
+                            description="JointState messages with more entries are rejected")
     max_joint_abs: float = Field(1000.0, gt=0.0, le=1e9,
                                  description="joint positions/velocities beyond this magnitude are rejected")
     max_wrench_abs: float = Field(10000.0, gt=0.0, le=1e9,

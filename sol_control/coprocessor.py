@@ -49,6 +49,7 @@ class TaskPipeline:
         from sol_control.perception import ObservationTokenizer
 
         cfg: NodeConfig = config_fn()
+        self._config_fn = config_fn
         self.task = task
         self.bundle = Bundle.load(bundle_dir)  # verifies every sha256 before any session exists
         self.observation = ObservationTokenizer.from_bundle(self.bundle)
@@ -69,7 +70,8 @@ class TaskPipeline:
         frame = telemetry.frame
         image = frame.image_rgb
         if image is None:
-            image = decode_compressed(frame.compressed or b"", frame.compressed_format)
+            image = decode_compressed(frame.compressed or b"", frame.compressed_format,
+                                      max_pixels=self._config_fn().inputs.max_image_pixels)
         joints = None
         if self.task == "grasp" and telemetry.joints is not None:
             q = telemetry.joints.position_rad

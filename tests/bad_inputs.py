@@ -236,10 +236,7 @@ CASES: list[BadCase] = [
             "PNG IHDR claims 60000 x 60000 (refused before decoding)"),
     BadCase("jpeg_over_max_image_pixels", "compressed", "too_many_pixels",
             _one(lambda c: compressed(c, scaled_jpeg(c, 800, 800), "jpeg")),
-            "a real 800 x 800 JPEG (under max_compressed_bytes) > max_image_pixels 640*480",
-            known_bug="Coprocessor.prefix (sol_control/coprocessor.py) calls decode_compressed() without "
-                      "max_pixels, so compressed frames are bounded by its 1<<24 default instead of "
-                      "inputs.max_image_pixels: the frame is decided, not refused"),
+            "a real 800 x 800 JPEG (under max_compressed_bytes) > max_image_pixels 640*480"),
     # joints
     BadCase("joints_nan", "joints", "joints_nonfinite", _one(lambda c: joints(c, [0.1, math.nan])), "NaN position"),
     BadCase("joints_inf_velocity", "joints", "joints_nonfinite",

@@ -128,7 +128,10 @@ def _finite_bounded(values: np.ndarray, max_abs: float, what: str) -> None:
         raise InputRejected(f"{what}_out_of_range", f"|value| > {max_abs}")
 
 
-def joints_from_ros(msg: JointState, max_abs: float) -> Joints:
+def joints_from_ros(msg: JointState, max_abs: float, max_joints: int = 64) -> Joints:
+    n = max(len(msg.position), len(msg.velocity), len(msg.name))
+    if n > max_joints:
+        raise InputRejected("joints_too_many", f"{n} entries, at most {max_joints}")
     pos = np.asarray(msg.position, np.float64)
     vel = np.asarray(msg.velocity, np.float64)
     names = tuple(msg.name)

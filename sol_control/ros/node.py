@@ -12,6 +12,7 @@ true) does configure + activate at start for users without a lifecycle manager.
 """
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from typing import Any
@@ -304,7 +305,8 @@ class CoprocessorNode(LifecycleNode):
             self._log_limited("conversion_error", f"rejected input: {type(e).__name__}: {e}")
 
     def _on_joints(self, msg: JointState) -> None:
-        self._side(self.slots.joints, lambda m: convert.joints_from_ros(m, self.cfg.inputs.max_joint_abs), msg)
+        self._side(self.slots.joints, lambda m: convert.joints_from_ros(m, self.cfg.inputs.max_joint_abs,
+                                                                    self.cfg.inputs.max_joints), msg)
 
     def _on_wrench(self, msg: WrenchStamped) -> None:
         self._side(self.slots.wrench, lambda m: convert.wrench_from_ros(m, self.cfg.inputs.max_wrench_abs), msg)
@@ -414,6 +416,10 @@ class CoprocessorNode(LifecycleNode):
 
 
 def main(args: list[str] | None = None) -> None:
+    # The executor thread (500 Hz joint states, images) and the decision workers share the GIL; with
+    # the default 5 ms switch interval a worker returning from ONNX Runtime can wait that long for
+    # it, every call. 0.5 ms bounds the wait.
+    sys.setswitchinterval(0.0005)
     rclpy.init(args=args)
     node = CoprocessorNode()
     executor = SingleThreadedExecutor()
