@@ -101,13 +101,7 @@ class Harness:
         self._spin.start()
 
     def _run(self) -> None:
-        while self.ctx.ok():
-            try:
-                self.executor.spin_once(timeout_sec=0.05)
-            except Exception:  # noqa: BLE001 - context shut down under us at teardown
-                if not self.ctx.ok():
-                    return
-                raise
+        spin_until_shutdown(self.executor, self.ctx)
 
     def _add(self, key: str, msg) -> None:
         with self.lock:
@@ -189,3 +183,14 @@ if __name__ == "__main__":
         sys.exit(publish_main(sys.argv[2:]))
     print("usage: python -m tests.ros_helpers publish [--count N] [--rate-hz R] [--task qc|grasp]")
     sys.exit(2)
+
+
+def spin_until_shutdown(executor, ctx) -> None:
+    """Spin an executor on a test thread until its context shuts down."""
+    while ctx.ok():
+        try:
+            executor.spin_once(timeout_sec=0.05)
+        except Exception:  # noqa: BLE001 - context shut down under us at teardown
+            if not ctx.ok():
+                return
+            raise

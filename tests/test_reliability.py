@@ -22,7 +22,7 @@ import pytest
 
 from tests.bad_inputs import CASES, CORPUS_PARAMS, TOPICS, Ctx, by_reason
 from tests.conftest import bundle_dir
-from tests.ros_helpers import REPO, ros_env, set_ros_env, wait_for
+from tests.ros_helpers import REPO, ros_env, set_ros_env, spin_until_shutdown, wait_for
 
 DOMAIN_NODE, DOMAIN_BAD_BUNDLE = 50, 51
 FIXTURE_TINY = REPO / "tests" / "fixtures" / "tiny"
@@ -116,13 +116,7 @@ class Probe:
         self._spin.start()
 
     def _run(self) -> None:
-        while self.ctx.ok():
-            try:
-                self.executor.spin_once(timeout_sec=0.05)
-            except Exception:  # noqa: BLE001 - context shut down under us at teardown
-                if not self.ctx.ok():
-                    return
-                raise
+        spin_until_shutdown(self.executor, self.ctx)
 
     def _on_verdict(self, msg) -> None:
         v = {kv.key: kv.value for kv in msg.values}
