@@ -27,7 +27,7 @@ class DeadlineConfig(Strict):
                          description="QC decision deadline, counted from the image header stamp (ms)")
     grasp_ms: float = Field(25.0, gt=0.0, le=60000.0,
                             description="grasp decision deadline, counted from the image header stamp (ms)")
-    publish_margin_ms: float = Field(0.3, ge=0.0, le=100.0,
+    publish_margin_ms: float = Field(1.0, ge=0.0, le=100.0,
                                      description="budget kept back for conversion and publishing (ms)")
     fast_share: float = Field(1.0, gt=0.0, le=1.0,
                               description="largest share of the remaining budget the fast path may use")

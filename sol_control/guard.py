@@ -61,14 +61,15 @@ class Decision:
     start_mono_ns: int = 0  # the sensor stamp on the monotonic clock (budget start); 0 = unknown
 
 
-def on_time_or_safe(d: Decision, now_ns: int | None = None) -> Decision:
+def on_time_or_safe(d: Decision, now_ns: int | None = None, margin_ms: float = 0.0) -> Decision:
     """Measure the latency again now; a decision that is late and not a safe default already becomes
     the safe default (reason `<source>_late`), so every output is on time or labelled safe_default.
-    The guard applies it when it decides, the node again right before publishing."""
+    The guard applies it when it decides, the node again right before publishing, with `margin_ms`
+    kept for the publish itself (a decision that would leave after its deadline is not on time)."""
     if not d.start_mono_ns:
         return d
     latency_ms = ((time.monotonic_ns() if now_ns is None else now_ns) - d.start_mono_ns) / NS_PER_MS
-    met = latency_ms <= d.deadline_ms
+    met = latency_ms + margin_ms <= d.deadline_ms
     if met or d.source == "safe_default":
         return replace(d, latency_ms=latency_ms, deadline_met=met)
     late = "fast_late" if d.source == "fast" else f"{d.reason}>full_precision_late"

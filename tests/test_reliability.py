@@ -484,8 +484,13 @@ def test_cpu_starvation_keeps_every_decision_labelled(live):
     late = [(v["source"], v["reason"], v["latency_ms"]) for v in got if not labelled(v)]
     sources = {s: sum(v["source"] == s for v in got) for s in ("fast", "full_precision", "safe_default")}
     print("starved:", {"sent": sent, "decided": len(got), "sources": sources, "late_not_safe_default": late})
-    # every miss is labelled as one: deadline_met agrees with the latency the node measured
-    assert all((v["deadline_met"] == "true") == (float(v["latency_ms"]) <= float(v["deadline_ms"])) for v in got)
+    # every miss is labelled as one: deadline_met agrees with the latency the node measured, with the
+    # publish margin kept (the default deadline.publish_margin_ms: a decision that could leave late is a miss)
+    from sol_control.config import DeadlineConfig
+
+    margin = DeadlineConfig().publish_margin_ms
+    assert all((v["deadline_met"] == "true") == (float(v["latency_ms"]) + margin <= float(v["deadline_ms"]))
+               for v in got)
     # A planner's last ONNX Runtime call may end past the deadline; the guard then publishes that
     # answer with deadline_met=false instead of a safe default (see docs/RELIABILITY.md, finding G1).
     # No queueing: a decided frame is never older than max_staleness_ms (1 s) plus one decision.

@@ -215,7 +215,7 @@ class Driver:
             image, joints = self.pool[self.decided % POOL]
             try:
                 d = self.cop.step(_telemetry(image, joints, stamp_ns=arrival, start_ns=arrival), task=self.task)
-                d = on_time_or_safe(d)  # the node's publish-time label
+                d = on_time_or_safe(d, margin_ms=self.cop.config().deadline.publish_margin_ms)  # as the node does
             except InputRejected:
                 self.rejected += 1  # the node counts these and publishes nothing: not a miss
                 continue

@@ -374,7 +374,8 @@ class CoprocessorNode(LifecycleNode):
         self._publish(self._safe_decision(task, cfg, self.get_clock().now().nanoseconds, "", "sensor_timeout", now))
 
     def _publish(self, d: Decision) -> None:
-        d = on_time_or_safe(d)  # labels reflect the publish time; a late answer goes out as the safe default
+        # labels reflect the publish time (plus the margin the publish itself takes); late -> safe default
+        d = on_time_or_safe(d, margin_ms=self.cfg.deadline.publish_margin_ms)
         try:
             pubs = self._pubs
             pubs[d.task].publish(convert.decision_to_status(d))
