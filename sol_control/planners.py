@@ -50,13 +50,10 @@ def _sleep_in_budget(delay_ms: float) -> None:
 
 
 def _session(bundle: Bundle, role: str, precision: str, dec: DecodingConfig, tag: str):
-    from sol_control.decoding import DecoderSession  # engine; imported at configure time
+    from sol_control.decoding import open_decoder  # engine; imported at configure time
 
-    path = bundle.decoder_path(role, precision)  # verifies sha256 (cached after Bundle.load)
-    # quantized targets never run a lone token, so speculative == plain decoding (see DecoderSession)
-    exact = 2 if role == "target" and precision != "fp32" else 1
-    return DecoderSession(path, bundle.manifest.max_context, threads=dec.threads,
-                          name=f"{bundle.manifest.name}/{role}-{precision}{tag}", min_step_tokens=exact)
+    return open_decoder(bundle, role, precision, threads=dec.threads,
+                        name=f"{bundle.manifest.name}/{role}-{precision}{tag}")
 
 
 def _draft_precision(bundle: Bundle, wanted: str) -> str:

@@ -10,8 +10,6 @@ small enough that "too large" cases stay cheap to send). Reusable by any test th
         for msg in case.build(Ctx(stamp_ns=now, last_good_stamp_ns=prev, image_rgb=img)):
             publishers[case.topic].publish(msg)
 
-`known_bug` marks a case the node does not yet refuse (the text says why); tests run those as
-strict xfails so the mark must be removed once the node is fixed.
 """
 from __future__ import annotations
 
@@ -58,7 +56,6 @@ class BadCase:
     build: Callable[[Ctx], list]
     what: str  # one line for docs/RELIABILITY.md
     min_count: int = 1  # rejections the case must add at least (bursts may lose samples in DDS)
-    known_bug: str = ""
 
 
 # -- message builders -------------------------------------------------------------------------------
@@ -278,9 +275,8 @@ CASES: list[BadCase] = [
 
 
 def by_reason() -> dict[str, int]:
-    """Minimum rejections per reason the whole corpus (known bugs excluded) must produce."""
+    """Minimum rejections per reason the whole corpus must produce."""
     out: dict[str, int] = {}
     for c in CASES:
-        if not c.known_bug:
-            out[c.reason] = out.get(c.reason, 0) + c.min_count
+        out[c.reason] = out.get(c.reason, 0) + c.min_count
     return out

@@ -75,7 +75,7 @@ def test_decode_compressed_refuses_bad_data():
 
 
 BUNDLES = bundle_params()
-needs_bundles = pytest.mark.skipif(BUNDLES is None, reason="shipped bundles missing")
+assert BUNDLES is not None, "the shipped bundles models/qc and models/grasp are part of the repository"
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +95,6 @@ def _telemetry(image, joints=None) -> Telemetry:
     return Telemetry(Frame(image, 123, time.monotonic_ns(), "cam"), joints=j)
 
 
-@needs_bundles
 def test_qc_step_decides_test_parts(cop):
     from sol_control.tasks.qc import make_sample
 
@@ -110,7 +109,6 @@ def test_qc_step_decides_test_parts(cop):
     assert sum(d.action.defect == label for d, label in fast) >= len(fast) - 1
 
 
-@needs_bundles
 def test_grasp_step_decides_inside_limits(cop):
     from sol_control.actions import limit_violations
     from sol_control.tasks.grasp import make_sample
@@ -123,7 +121,6 @@ def test_grasp_step_decides_inside_limits(cop):
             assert abs(d.action.x_m - s.label["x"]) < 0.02, (d.action, s.label)
 
 
-@needs_bundles
 def test_unusable_image_is_rejected_not_decided(cop):
     blank = np.empty((128, 128, 3), np.uint8)
     blank[:] = (58, 62, 66)  # belt only, no part
@@ -132,7 +129,6 @@ def test_unusable_image_is_rejected_not_decided(cop):
     assert e.value.reason == "image_unusable"
 
 
-@needs_bundles
 def test_expired_budget_gives_safe_default(cop):
     from sol_control.tasks.qc import make_sample
 

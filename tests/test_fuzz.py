@@ -220,7 +220,7 @@ def test_decision_status_parsing(values, name):
 
 # -- perception and action tokens (need a real bundle) ----------------------------------------------
 QC = bundle_dir("qc")
-needs_qc = pytest.mark.skipif(QC is None, reason="no QC bundle")
+assert QC is not None, "the shipped bundles models/qc and models/grasp are part of the repository"
 
 
 @st.composite
@@ -235,7 +235,6 @@ def odd_images(draw):
     return arr
 
 
-@needs_qc
 @SLOW
 @given(odd_images())
 def test_perception_rejects_or_returns_a_valid_prefix(image):
@@ -254,7 +253,6 @@ def test_perception_rejects_or_returns_a_valid_prefix(image):
     assert np.all((ids[1:-1] >= vocab.observation[0]) & (ids[1:-1] < vocab.observation[1]))
 
 
-@needs_qc
 @FAST
 @given(st.lists(st.integers(-2**40, 2**40), max_size=6), st.lists(st.floats(0, 1), max_size=6))
 def test_action_tokens_reject_or_decode(tokens, probs):

@@ -14,7 +14,7 @@ from tests.ros_helpers import Harness, bundle_params, now_ns, run_publisher, wai
 
 DOMAIN_QC, DOMAIN_GRASP, DOMAIN_LIFECYCLE = 21, 22, 23
 BUNDLES = bundle_params()
-needs_bundles = pytest.mark.skipif(BUNDLES is None, reason="shipped bundles models/qc, models/grasp missing")
+assert BUNDLES is not None, "the shipped bundles models/qc and models/grasp are part of the repository"
 
 BASE = {"decoding.warmup_runs": 2, "audit_rate": 0.0, "deadline.qc_ms": 300.0, "deadline.grasp_ms": 300.0,
         "deadline.max_staleness_ms": 1000.0, "deadline.output_deadline_ms": 300.0,
@@ -23,8 +23,6 @@ BASE = {"decoding.warmup_runs": 2, "audit_rate": 0.0, "deadline.qc_ms": 300.0, "
 
 @pytest.fixture(scope="module")
 def h():
-    if BUNDLES is None:
-        pytest.skip("shipped bundles models/qc, models/grasp missing")
     harness = Harness(DOMAIN_QC, {**(BUNDLES or {}), **BASE, "mode": "qc"})
     assert harness.wait_connected()
     yield harness
@@ -275,7 +273,6 @@ def test_diagnostics_report_latency_rejections_and_deadline_misses(h):
 
 
 # -- grasp ----------------------------------------------------------------------------------------
-@needs_bundles
 def test_grasp_decisions_with_joints():
     from sensor_msgs.msg import JointState
 
@@ -334,7 +331,6 @@ def _state(client) -> str:
     return fut.result().current_state.label
 
 
-@needs_bundles
 def test_lifecycle_transitions_over_ros():
     from lifecycle_msgs.msg import Transition
 
@@ -499,7 +495,6 @@ def test_random_image_messages_never_raise_anything_but_a_rejection():
 
 
 # -- the executable itself ------------------------------------------------------------------------
-@needs_bundles
 def test_entry_point_process_with_params_file_decides_and_exits_cleanly(tmp_path):
     """`ros2 run sol_control coprocessor --ros-args --params-file config/sol_control.yaml` as a
     separate process: the shipped params file loads with ROS types, the node autostarts, decides a

@@ -75,7 +75,6 @@ def test_bridge_lockstep_over_ros_with_oracle_controller(tmp_path):
     assert belt.velocity[0] == pytest.approx(0.2) and belt.position[0] == pytest.approx(0.2 * t_s)
 
 
-@pytest.mark.skipif(bundle_params() is None, reason="shipped bundles models/qc and models/grasp not built yet")
 def test_closed_loop_with_coprocessor_lockstep_is_reproducible(tmp_path, monkeypatch):
     set_ros_env(41)
     monkeypatch.setenv("ROS_DOMAIN_ID", "41")        # closed_loop gives the nodes and itself this domain

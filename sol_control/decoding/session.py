@@ -173,9 +173,10 @@ class DecoderSession:
     def forward(self, ids: np.ndarray) -> np.ndarray:
         """Append `ids` to the cache; return their logits [T, vocab] (a view, valid until the next call)."""
         T, L = len(ids), self.length
-        if T and not (0 <= int(ids.min()) and int(ids.max()) < self.vocab):
-            raise ValueError(f"{self.name}: token ids must lie in [0, {self.vocab}), got "
-                             f"[{int(ids.min())}, {int(ids.max())}]")
+        if T:
+            lo, hi = int(ids.min()), int(ids.max())
+            if lo < 0 or hi >= self.vocab:
+                raise ValueError(f"{self.name}: token ids must lie in [0, {self.vocab}), got [{lo}, {hi}]")
         if T == 1 and self.min_step_tokens == 2 and L > 0:
             self._pair[:] = self.tokens[L - 1], ids[0]
             self.rewind(L - 1)
@@ -232,10 +233,11 @@ class DecoderSession:
                 f"vocab {self.vocab}, context {self.length}/{self.max_context})")
 
 
-def open_decoder(bundle, role: str, precision: str, threads: int = 1) -> DecoderSession:
-    """A session for one decoder of a verified bundle (sha256 checked before ORT sees the file)."""
+def open_decoder(bundle, role: str, precision: str, threads: int = 1, name: str = "") -> DecoderSession:
+    """A session for one decoder of a verified bundle (sha256 checked before ORT sees the file).
+    Quantized targets run in exact mode (min_step_tokens=2) so speculative == plain decoding."""
     path = bundle.decoder_path(role, precision)
-    sess = DecoderSession(path, bundle.manifest.max_context, threads=threads, name=f"{role}_{precision}",
+    sess = DecoderSession(path, bundle.manifest.max_context, threads=threads, name=name or f"{role}_{precision}",
                           min_step_tokens=1 if precision == "fp32" or role == "draft" else 2)
     if sess.vocab != bundle.manifest.vocab.size:
         raise ValueError(f"{path}: logits have {sess.vocab} entries, manifest vocab.size is "
