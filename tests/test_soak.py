@@ -61,11 +61,10 @@ def test_soak_60s_at_3x(tmp_path):
     print("window p99:", {t: s["window_p99_ms"] for t, s in res["tasks"].items()}, "load:", res["load_1min"])
     assert res["criteria"]["p99_stable"] or abs(res["cpu_drift"]) < 0.10, \
         ({t: s["window_p99_ms"] for t, s in res["tasks"].items()}, res["cpu_drift"])
-    # Every decision is labelled by the guard before it leaves `step`. On 2 cores shared with other
-    # jobs the OS sometimes preempts the thread right after the label for longer than the 5 ms
-    # tolerance (finding G2 in docs/RELIABILITY.md): allow 1 % of such stragglers here.
-    n = sum(s["decisions"] for s in res["tasks"].values())
-    assert res["unlabelled_misses"] <= max(1, n // 100), \
+    # Every decision is relabelled right before it is recorded (as the node does before publishing),
+    # with the publish margin; the workers get the GIL back within 0.5 ms (share_gil_quickly). None
+    # may say "on time" and arrive later than deadline + margin + the 5 ms preemption allowance.
+    assert res["unlabelled_misses"] == 0, \
         {t: (s["mislabelled"], s["late_after_label"], s["label_lag_max_ms"]) for t, s in res["tasks"].items()}
     assert code == (0 if res["pass"] else 1), log
 

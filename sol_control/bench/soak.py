@@ -237,8 +237,9 @@ class Driver:
 
 
 def soak(args: argparse.Namespace) -> dict:
-    from sol_control.coprocessor import Coprocessor
+    from sol_control.coprocessor import Coprocessor, share_gil_quickly
 
+    share_gil_quickly()  # as the node does
     cfg = _config(args)
     duration_s = args.minutes * 60.0
     if not duration_s > 0 or not args.rate_x > 0:

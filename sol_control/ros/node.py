@@ -12,7 +12,6 @@ true) does configure + activate at start for users without a lifecycle manager.
 """
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from typing import Any
@@ -417,10 +416,9 @@ class CoprocessorNode(LifecycleNode):
 
 
 def main(args: list[str] | None = None) -> None:
-    # The executor thread (500 Hz joint states, images) and the decision workers share the GIL; with
-    # the default 5 ms switch interval a worker returning from ONNX Runtime can wait that long for
-    # it, every call. 0.5 ms bounds the wait.
-    sys.setswitchinterval(0.0005)
+    from sol_control.coprocessor import share_gil_quickly
+
+    share_gil_quickly()  # the executor (500 Hz joint states, images) and the workers share the GIL
     rclpy.init(args=args)
     node = CoprocessorNode()
     executor = SingleThreadedExecutor()
