@@ -233,11 +233,15 @@ class DecoderSession:
                 f"vocab {self.vocab}, context {self.length}/{self.max_context})")
 
 
-def open_decoder(bundle, role: str, precision: str, threads: int = 1, name: str = "") -> DecoderSession:
+def open_decoder(bundle, role: str, precision: str, threads: int = 1, name: str = "",
+                 max_context: int | None = None) -> DecoderSession:
     """A session for one decoder of a verified bundle (sha256 checked before ORT sees the file).
-    Quantized targets run in exact mode (min_step_tokens=2) so speculative == plain decoding."""
+    Quantized targets run in exact mode (min_step_tokens=2) so speculative == plain decoding.
+    `max_context` overrides the manifest's KV length (benchmarks only: rotary positions work at any
+    length, but the model never saw sequences past the manifest's `max_context`)."""
     path = bundle.decoder_path(role, precision)
-    sess = DecoderSession(path, bundle.manifest.max_context, threads=threads, name=name or f"{role}_{precision}",
+    sess = DecoderSession(path, max_context or bundle.manifest.max_context, threads=threads,
+                          name=name or f"{role}_{precision}",
                           min_step_tokens=1 if precision == "fp32" or role == "draft" else 2)
     if sess.vocab != bundle.manifest.vocab.size:
         raise ValueError(f"{path}: logits have {sess.vocab} entries, manifest vocab.size is "
