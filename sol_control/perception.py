@@ -93,6 +93,16 @@ def square_resize(image: np.ndarray, size_px: int) -> np.ndarray:
     return image
 
 
+# numpy reduces a trailing axis of 3 one pixel at a time (~0.3 ms per call on a 128 x 128 image);
+# elementwise ops over the channel planes do the same arithmetic in the same order, bit for bit.
+def _channel_max(a: np.ndarray) -> np.ndarray:
+    return np.maximum(np.maximum(a[..., 0], a[..., 1]), a[..., 2])
+
+
+def _channel_sum(a: np.ndarray) -> np.ndarray:
+    return a[..., 0] + a[..., 1] + a[..., 2]
+
+
 def _border(img: np.ndarray, k: int = 3) -> np.ndarray:
     return np.concatenate([img[:k].reshape(-1, 3), img[-k:].reshape(-1, 3),
                            img[:, :k].reshape(-1, 3), img[:, -k:].reshape(-1, 3)])
@@ -107,8 +117,8 @@ def qc_features(image: np.ndarray) -> dict[str, float]:
     img = image.astype(np.float32)
     n = img.shape[0]
     bg = np.median(_border(img), axis=0)  # [3] belt colour under this lighting
-    gray = img.mean(axis=2)
-    diff = np.abs(img - bg).max(axis=2)
+    gray = _channel_sum(img) / np.float32(3)
+    diff = _channel_max(np.abs(img - bg))
     raw = ((diff > 30) | (gray < bg.mean() - 20)).astype(np.uint8)
     raw = cv2.morphologyEx(raw, cv2.MORPH_CLOSE, _ellipse(3))
     n_lab, lab, stats, _ = cv2.connectedComponentsWithStats(raw, connectivity=8)
@@ -176,12 +186,12 @@ def qc_features(image: np.ndarray) -> dict[str, float]:
         ys, xs = np.nonzero(dark)
         f["line_u"], f["line_v"] = float(xs.mean() + 0.5) / n, float(ys.mean() + 0.5) / n
     # --- chroma deviation (discoloration); lighting gain and gradients do not change chroma
-    chroma = img / np.maximum(img.sum(axis=2, keepdims=True), 1.0)
-    core = (inner > 0) & (img.max(axis=2) < 250)  # clipped pixels have no reliable chroma
+    chroma = img / np.maximum(_channel_sum(img)[..., None], 1.0)
+    core = (inner > 0) & (_channel_max(img) < 250)  # clipped pixels have no reliable chroma
     f.update(stain_frac=0.0, stain_max=0.0, stain_u=pu, stain_v=pv)
     if core.sum() >= 20:
         med = np.median(chroma[core], axis=0)
-        dev = cv2.blur(np.abs(chroma - med).sum(axis=2), (3, 3))
+        dev = cv2.blur(_channel_sum(np.abs(chroma - med)), (3, 3))
         dev = np.where(core, dev, 0.0)
         hot = dev > 0.04
         f["stain_frac"] = float(hot.sum()) / float(core.sum())
@@ -205,7 +215,7 @@ def grasp_features(image: np.ndarray, joints_rad: np.ndarray) -> dict[str, float
     design = np.stack([xx[bmask] / n, yy[bmask] / n, np.ones(bmask.sum(), np.float32)], 1)  # [B, 3]
     coef, *_ = np.linalg.lstsq(design, img[bmask], rcond=None)  # [3, 3] plane per channel
     bg = xx[..., None] / n * coef[0] + yy[..., None] / n * coef[1] + coef[2]
-    diff = np.abs(img - bg).max(axis=2)
+    diff = _channel_max(np.abs(img - bg))
     mask = (diff > 40).astype(np.uint8)
     mask = cv2.morphologyEx(mask, cv2.MORPH_OPEN, _ellipse(3))
     n_lab, lab, stats, _ = cv2.connectedComponentsWithStats(mask, connectivity=8)
