@@ -142,8 +142,8 @@ def test_fast_budget_reserves_room_for_full_precision():
     b = Budget.after_ms(100.0)
     assert fast_budget(b, cfg, 30.0).remaining_ms() == pytest.approx(70.0, abs=1.0)
     assert fast_budget(b, cfg, 99.5).remaining_ms() == pytest.approx(100.0, abs=1.0)  # no room: all of it
-    # a reserve that would leave less than the fast path's typical run is not taken
-    assert fast_budget(b, cfg, 30.0, fast_typical_ms=80.0).remaining_ms() == pytest.approx(100.0, abs=1.0)
+    # a reserve that would leave less than the fast path's p95 run is not taken
+    assert fast_budget(b, cfg, 30.0, fast_p95_ms=80.0).remaining_ms() == pytest.approx(100.0, abs=1.0)
     half = from_flat({"deadline.fast_share": 0.5, "deadline.publish_margin_ms": 0.0})
     assert fast_budget(b, half, math.inf).remaining_ms() == pytest.approx(50.0, abs=1.0)
 
