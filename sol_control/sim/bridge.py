@@ -141,8 +141,11 @@ class CellBridge:
         truth = self.truth(task, stamp)
         self.pub_truth.publish(truth)
         self._record_msg("sim/truth", truth)
-        self.sent_wall_ns[(TASK_OF_CAMERA[task], stamp)] = time.time_ns()   # DDS stamps use this clock
-        self._out(task, convert.image_to_ros(rgb, stamp, frame))
+        msg = convert.image_to_ros(rgb, stamp, frame)
+        # taken right before publish(), which gives the sample its DDS source timestamp: the moment the
+        # node starts the budget from under sim time (DDS stamps use this clock)
+        self.sent_wall_ns[(TASK_OF_CAMERA[task], stamp)] = time.time_ns()
+        self._out(task, msg)
         self.pending[TASK_OF_CAMERA[task]] = stamp
         self.counters["images"] += 1
 
@@ -185,7 +188,11 @@ class CellBridge:
                "source": d.source, "reason": d.reason, "latency_ms": d.latency_ms,
                "deadline_ms": d.deadline_ms, "deadline_met": d.deadline_met, "e2e_ms": e2e_ms,
                "measured_ms": measured_ms, "unlabelled_miss": bool(d.deadline_met and e2e_ms > d.deadline_ms),
-               "confidence": d.action.confidence}
+               "confidence": d.action.confidence,
+               # where the node's time went: stamp -> work start (transport, waiting), image ->
+               # observation tokens, fast path, full-precision planner
+               "queue_ms": d.queue_ms, "perception_ms": d.perception_ms, "fast_ms": d.fast_ms,
+               "full_ms": d.full_ms}
         return d, rec
 
     def _on_verdict(self, msg: DiagnosticStatus, msg_info) -> None:

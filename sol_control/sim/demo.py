@@ -38,6 +38,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="record telemetry, ground truth and decisions as rosbag2 MCAP (new folder)")
     p.add_argument("--only", choices=("qc", "grasp"), help="run one station only")
     p.add_argument("--quiet", action="store_true", help="no live progress line")
+    p.add_argument("--node-nice", type=int, default=-10, choices=range(-20, 20), metavar="-20..19",
+                   help="CPU priority of the coprocessor nodes (their `nice` parameter, default -10, as a "
+                        "control process on a robot computer would run); below 0 only when this user may "
+                        "(root or CAP_SYS_NICE), else 0")
+    p.add_argument("--sim-nice", type=int, default=10, choices=range(0, 20), metavar="0..19",
+                   help="niceness of the simulated world once the nodes are started (default 10): the "
+                        "renderer and physics stand in for the real world, which costs the cell's "
+                        "computer no CPU; 0 lets them compete with the co-processor as equals")
 
 
 def ros_env() -> dict[str, str]:
@@ -50,6 +58,17 @@ def ros_env() -> dict[str, str]:
     env.setdefault("MUJOCO_GL", "egl")
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     return env
+
+
+def may_raise_priority() -> bool:
+    """True when this process may lower a nice value (CAP_SYS_NICE in its effective set)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> 23 & 1)  # bit 23 = CAP_SYS_NICE
+    except (OSError, ValueError):
+        pass
+    return False
 
 
 def ros_param(pair: str) -> str:
@@ -151,7 +170,12 @@ def run(args: argparse.Namespace) -> int:
     _export(env)
     out = Path(args.out)
     tasks = (args.only,) if args.only else ("qc", "grasp")
+    node_nice = args.node_nice if args.node_nice >= 0 or may_raise_priority() else 0
+    if node_nice != args.node_nice and not args.quiet:
+        print(f"note: nodes run at nice 0, not {args.node_nice} (needs root or CAP_SYS_NICE)")
     params = [ros_param(p) for p in args.param]
+    if node_nice and not any(p.startswith("nice:=") for p in params):
+        params.append(f"nice:={node_nice}")
     if args.standard_only:
         params += standard_only_params()
     if not args.oracle:
@@ -161,12 +185,12 @@ def run(args: argparse.Namespace) -> int:
                        cell={"seed": args.seed, "qc": "qc" in tasks, "grasp": "grasp" in tasks})
     progress = Progress(cfg.duration_s, args.quiet)
     summary, events = closed_loop(cfg, tasks, params, out / "logs", oracle=args.oracle, progress=progress,
-                                  snapshot=out / "cell_overview.png")
+                                  snapshot=out / "cell_overview.png", sim_nice=args.sim_nice)
     from sol_control.sim import report as rep
 
     meta = {"seed": args.seed, "duration_s": args.duration, "mode": cfg.mode, "rate": cfg.rate,
             "controller": "oracle" if args.oracle else "coprocessor",
-            "standard_only": bool(args.standard_only), "node_params": params}
+            "standard_only": bool(args.standard_only), "node_params": params, "sim_nice": args.sim_nice}
     r = rep.build_report(summary, meta)
     files = rep.write(out, r, events) + [out / "cell_overview.png"]
     print("\n" + rep.table(r))
@@ -191,14 +215,19 @@ def check_bundles(tasks: tuple[str, ...], params: list[str]) -> None:
 
 
 def closed_loop(cfg, tasks: tuple[str, ...], params: list[str], log_dir: Path, oracle: bool = False,
-                progress: Progress | None = None, snapshot: Path | None = None) -> tuple[dict, list[dict]]:
+                progress: Progress | None = None, snapshot: Path | None = None,
+                sim_nice: int = 0) -> tuple[dict, list[dict]]:
     """Start the coprocessor nodes (unless oracle), run the cell as `cell_sim`, stop the nodes.
+    `sim_nice` > 0 lowers this process's CPU priority once the nodes are forked (they keep theirs);
+    it cannot be undone, so only the `demo` command, whose process ends with the run, passes it.
     Returns the bridge summary and every event (decisions, outcomes)."""
     from sol_control.sim.bridge import Session
 
     env = ros_env()                     # the nodes and this process share one domain, whatever the caller set
     procs = {} if oracle else start_nodes(tasks, params, cfg.mode == "lockstep", log_dir, env,
                                           cfg.cell.conveyor.camera_to_ejector_m)
+    if sim_nice > 0:
+        os.nice(sim_nice)  # threads started from here on (renderer, DDS) inherit it
     alive = lambda: all(p.poll() is None for p in procs.values())  # noqa: E731
     try:
         with Session(cfg, int(env["ROS_DOMAIN_ID"]), oracle=oracle) as session:

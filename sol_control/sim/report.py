@@ -36,6 +36,7 @@ def build_report(summary: dict, meta: dict) -> dict:
         "e2e_p50_ms": summary["e2e_p50_ms"], "e2e_p99_ms": summary["e2e_p99_ms"],
         "measured_p50_ms": summary["measured_p50_ms"], "measured_p99_ms": summary["measured_p99_ms"],
         "sources": summary["sources"], "latency_by_source": summary["latency_by_source"],
+        "stage_p50_ms": summary.get("stage_p50_ms", {}),
         "decision_timeouts": summary["decision_timeouts"], "ignored_decisions": summary["ignored_decisions"],
         "unmatched_verdicts": summary["unmatched_verdicts"], "realtime_lag_s": summary["realtime_lag_s"],
         "sim_time_s": summary["sim_time_s"],
@@ -64,9 +65,12 @@ def table(r: dict) -> str:
     for task, by in sorted(r["latency_by_source"].items()):
         for src, s in sorted(by.items()):
             rows.append((f"  {task} {src} (n={s['n']}) p50 / p99 ms", f"{_ms(s['p50_ms'])} / {_ms(s['p99_ms'])}"))
-    w = max(len(k) for k, _ in rows)
-    line = "+" + "-" * (w + 2) + "+" + "-" * 21 + "+"
-    body = [f"| {k:<{w}} | {v:>19} |" for k, v in rows]
+    for task, st in sorted(r.get("stage_p50_ms", {}).items()):
+        parts = [f"{k[:-3].replace('_', ' ')} {v:.1f}" for k, v in st.items()]
+        rows.append((f"  {task} p50 ms by stage", ", ".join(parts)))
+    w, vw = max(len(k) for k, _ in rows), max(19, *(len(v) for _, v in rows))
+    line = "+" + "-" * (w + 2) + "+" + "-" * (vw + 2) + "+"
+    body = [f"| {k:<{w}} | {v:>{vw}} |" for k, v in rows]
     return "\n".join([line, *body, line])
 
 

@@ -64,6 +64,20 @@ def latency_table(decisions: list[dict], key: str = "latency_ms") -> dict:
             for task, by in out.items()}
 
 
+STAGES = ("queue_ms", "perception_ms", "fast_ms", "full_ms")
+
+
+def stage_table(decisions: list[dict]) -> dict:
+    """{task: {stage: p50 ms}}: where the node's time went (stages a decision skipped are left out)."""
+    out: dict = {}
+    for d in decisions:
+        for k in STAGES:
+            v = d.get(k, float("nan"))
+            if v == v:  # not NaN
+                out.setdefault(d["task"], {}).setdefault(k, []).append(v)
+    return {task: {k: _pct(v, 50) for k, v in by.items()} for task, by in out.items()}
+
+
 def decision_stats(decisions: list[dict]) -> dict:
     """Latency, deadline and fallback figures over the decision records the bridge logged."""
     lat = [d["latency_ms"] for d in decisions]
@@ -80,4 +94,5 @@ def decision_stats(decisions: list[dict]) -> dict:
         "fallback_rate": sum(d["source"] != "fast" for d in decisions) / n if n else float("nan"),
         "sources": dict(Counter(d["source"] for d in decisions)),
         "latency_by_source": latency_table(decisions),
+        "stage_p50_ms": stage_table(decisions),
     }
