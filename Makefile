@@ -47,11 +47,14 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(VENV)/bin/sol-control bench all $(BENCH_ARGS)
 
-# Peer engines (ONNX Runtime GenAI, transformers) in their own venv, never a runtime dependency;
-# `make bench` picks up their rows once this has run.
+# Peer engines (ONNX Runtime GenAI, transformers, OpenVINO GenAI, llama.cpp) in their own venvs,
+# never a runtime dependency, on the bundles' own weights; `make bench` picks up their rows once
+# this has run. First run: ~15 min of installs (llama.cpp compiles), then 1-4 min per bundle.
 bench-peers: $(STAMP)
-	bash tools/setup_peers.sh
+	bash tools/setup_peers.sh all
+	mkdir -p bench_report
 	$(PY) -m sol_control.bench.peers --bundle models/grasp --json bench_report/peers_grasp.json
+	$(PY) -m sol_control.bench.peers --bundle models/qc --json bench_report/peers_qc.json
 
 # Test fixtures: tiny decoders exported from random Llama configurations (dev-only, torch).
 fixtures: $(TRAIN_STAMP)

@@ -1,12 +1,15 @@
-"""Peer-engine runners (benchmark only): no peer library leaks into our venv, the speculative GenAI
-folder is laid out as ONNX Runtime GenAI expects, and — when `.venv-peers` exists — ORT GenAI on
+"""Peer-engine runners (benchmark only): no peer library leaks into our venv, the HF folders the
+peers load are the bundle's own weights (rebuilt from its ONNX), the speculative GenAI folder is
+laid out as ONNX Runtime GenAI expects, and — for each engine whose venv exists — the engine on
 the fixture weights reproduces our standard greedy outputs, plain and speculative."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from sol_control.bench import peers
@@ -17,7 +20,8 @@ from .conftest import FIXTURES, REPO
 
 def test_import_pulls_in_no_peer_library():
     code = ("import sys, sol_control.bench.peers as p; "
-            "print([m for m in ('torch', 'transformers', 'onnxruntime_genai') if m in sys.modules])")
+            "print([m for m in ('torch', 'transformers', 'onnxruntime_genai', 'openvino', 'openvino_genai', "
+            "'llama_cpp', 'onnx') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "[]"
 
@@ -44,14 +48,97 @@ def test_speculative_genai_folder_layout(tmp_path):
     assert ".." not in json.dumps(config)  # GenAI refuses parent paths
 
 
-@pytest.mark.skipif(not (peers.PEERS_VENV / "bin" / "python").exists(),
-                    reason="no .venv-peers (bash tools/setup_peers.sh)")
-def test_ort_genai_matches_standard_outputs(tmp_path):
+def load_onnx_to_hf():
+    spec = importlib.util.spec_from_file_location("onnx_to_hf", REPO / "tools" / "onnx_to_hf.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_onnx_to_hf_rebuilds_the_fixture_weights_bit_for_bit(tmp_path):
+    """tests/fixtures/tiny_hf{,_draft} are the folders the fixture bundle was exported from:
+    rebuilding them from the bundle's ONNX must give the same tensors and configuration."""
+    o2h = load_onnx_to_hf()
+    folders = o2h.convert_bundle(FIXTURES / "tiny", tmp_path)
+    for role, original in (("target", "tiny_hf"), ("draft", "tiny_hf_draft")):
+        got = o2h.load_safetensors(folders[role] / "model.safetensors")
+        want = o2h.load_safetensors(FIXTURES / original / "model.safetensors")
+        assert sorted(got) == sorted(want)
+        for name in want:
+            assert got[name].dtype == want[name].dtype and np.array_equal(got[name], want[name]), name
+        config = json.loads((folders[role] / "config.json").read_text())
+        ref = json.loads((FIXTURES / original / "config.json").read_text())
+        for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                    "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_parameters", "tie_word_embeddings",
+                    "max_position_embeddings", "bos_token_id", "eos_token_id"):
+            assert config[key] == ref[key], key
+        assert (folders[role] / "generation_config.json").is_file()
+
+
+def test_hf_folders_are_rebuilt_once_and_cached(tmp_path):
     bundle = Bundle.load(FIXTURES / "tiny")
-    result = peers.run_all(bundle, quick=True, engines=("ort-genai",), precisions=("fp32",), work=tmp_path)
+    target, draft = peers.hf_folders(bundle, cache=tmp_path)
+    assert (target / "config.json").is_file() and (draft / "model.safetensors").is_file()
+    assert target.parent.name.startswith("tiny-")
+    stamp = (target / "model.safetensors").stat().st_mtime_ns
+    assert peers.hf_folders(bundle, cache=tmp_path) == (target, draft)
+    assert (target / "model.safetensors").stat().st_mtime_ns == stamp
+
+
+def test_missing_peer_venvs_are_skipped_with_a_note(tmp_path, monkeypatch):
+    monkeypatch.setattr(peers, "VENVS", {e: (tmp_path / "nowhere", "x") for e in peers.ENGINES})
+    result = peers.run_all(Bundle.load(FIXTURES / "tiny"), quick=True, work=tmp_path)
+    assert result["rows"] == [] and not result.get("errors")
+    assert set(result["skipped"]) == set(peers.ENGINES)
+    assert "setup_peers.sh" in result["skipped"]["openvino"]
+
+
+def has_venv(engine: str) -> bool:
+    return peers.venv_python(engine).exists()
+
+
+def skip_without(engine: str):
+    venv, target = peers.VENVS[engine]
+    return pytest.mark.skipif(not has_venv(engine), reason=f"no {venv.name} (bash tools/setup_peers.sh {target})")
+
+
+@skip_without("transformers")
+def test_onnx_to_hf_check_against_onnx_runtime(tmp_path):
+    """In .venv-peers (torch): transformers on the rebuilt folders gives ONNX Runtime's logits
+    within 1e-4 and the same greedy tokens."""
+    proc = subprocess.run([str(peers.venv_python("transformers")), str(REPO / "tools" / "onnx_to_hf.py"),
+                           "--bundle", str(FIXTURES / "tiny"), "--out", str(tmp_path), "--check"],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("-> ok") == 2, proc.stdout
+
+
+def assert_matches_standard(engine: str, tmp_path, fp32_label: str = "fp32") -> dict:
+    bundle = Bundle.load(FIXTURES / "tiny")
+    result = peers.run_all(bundle, quick=True, engines=(engine,), precisions=("fp32",), work=tmp_path)
     assert not result["errors"], result["errors"]
+    assert result["weights_from"] == "bundle fp32 ONNX"
     modes = {r["mode"]: r for r in result["rows"]}
-    assert set(modes) == {"plain", "speculative k=8"}
+    assert set(modes) == {"plain", "speculative k=8"}, modes.keys()
     for row in modes.values():
-        assert row["match_standard"] == 1.0 and row["tokens_per_s"] > 0
+        assert row["precision"] == fp32_label
+        assert row["match_standard"] == 1.0 and row["tokens_per_s"] > 0, row
     assert 0.0 < modes["speculative k=8"]["acceptance"] <= 1.0
+    return modes
+
+
+@skip_without("ort-genai")
+def test_ort_genai_matches_standard_outputs(tmp_path):
+    assert_matches_standard("ort-genai", tmp_path)
+
+
+@pytest.mark.timeout(600)
+@skip_without("openvino")
+def test_openvino_matches_standard_outputs(tmp_path):
+    assert_matches_standard("openvino", tmp_path)
+
+
+@pytest.mark.timeout(600)
+@skip_without("llama.cpp")
+def test_llama_cpp_matches_standard_outputs(tmp_path):
+    assert_matches_standard("llama.cpp", tmp_path)
