@@ -58,12 +58,13 @@ def rss_kb(pid: int) -> int:
 class NodeProcess:
     """`python -m sol_control.ros.node` with parameters, its output in a log file."""
 
-    def __init__(self, domain_id: int, params: dict, log_path: Path):
+    def __init__(self, domain_id: int, params: dict, log_path: Path, new_session: bool = False):
         args = [a for k, v in params.items() for a in ("-p", f"{k}:={_ros_value(v)}")]
         self.log_path = log_path
         self._log = open(log_path, "w")
         self.proc = subprocess.Popen([sys.executable, "-m", "sol_control.ros.node", "--ros-args", *args],
-                                     cwd=REPO, env=ros_env(domain_id), stdout=self._log, stderr=subprocess.STDOUT)
+                                     cwd=REPO, env=ros_env(domain_id), stdout=self._log, stderr=subprocess.STDOUT,
+                                     start_new_session=new_session)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -604,6 +605,36 @@ def test_bad_signature_inside_a_bundle_fails_configure(tmp_path):
     cfg = from_flat({"mode": "qc", "qc.bundle": str(bundle), "audit_rate": 0.0})
     with pytest.raises(ValueError, match="target_int8.onnx: missing input 'input_ids'"):
         Coprocessor(cfg)
+
+
+def _thread_nices(pid: int) -> list[int]:
+    out = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            out.append(int(f.read().rsplit(")", 1)[1].split()[16]))  # field 19: nice
+    return out
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/autogroup"), reason="kernel without sched_autogroup")
+@pytest.mark.parametrize("own_session", [True, False], ids=["own_session", "shared_session"])
+def test_nice_moves_every_thread_but_the_audit_and_only_an_own_session(tmp_path, own_session):
+    """`nice` (positive here: no privilege needed) applies to every node thread but the shadow audit
+    (19); with sched_autogroup the session's nice is what ranks the node against other sessions, so
+    a node alone in its session sets it too, and a node sharing one (here: pytest's) leaves it."""
+    ours = Path("/proc/self/autogroup").read_text().split()
+    node = NodeProcess(DOMAIN_NODE + 10 + own_session, {**NODE_PARAMS, "nice": 5, "audit_rate": 0.05},
+                       tmp_path / "node.log", new_session=own_session)
+    try:
+        assert wait_for(lambda: "nice 5 on" in node.log() or not node.alive(), 120.0), node.log()
+        nices = _thread_nices(node.proc.pid)
+        assert set(nices) <= {5, 19} and nices.count(5) >= 3 and nices.count(19) == 1, nices
+        group = Path(f"/proc/{node.proc.pid}/autogroup").read_text().split()
+        if own_session:
+            assert group[-1] == "5" and group[0] != ours[0] and "session (autogroup)" in node.log()
+        else:
+            assert group == ours and "session (autogroup)" not in node.log()
+    finally:
+        node.stop()
 
 
 def test_custom_op_graph_is_refused_not_loaded(tmp_path):

@@ -211,7 +211,25 @@ class CoprocessorNode(LifecycleNode):
         if failed:
             self.get_logger().warning(f"nice {nice}: {failed} (needs CAP_SYS_NICE below 0); {done} threads changed")
         else:
-            self.get_logger().info(f"nice {nice} on {done} threads")
+            self.get_logger().info(f"nice {nice} on {done} threads{self._renice_session(nice)}")
+
+    @staticmethod
+    def _renice_session(nice: int) -> str:
+        """With sched_autogroup (most desktop and many server kernels) the scheduler shares the CPU
+        between sessions first and applies thread nice values only inside a session, so a node in its
+        own session (`setsid`, as the demo starts it) also sets its session's nice. A node sharing a
+        session with others (a terminal, `ros2 launch`) leaves it alone: that would move them too."""
+        import os
+
+        group = "/proc/self/autogroup"
+        if os.getsid(0) != os.getpid() or not os.path.exists(group):
+            return ""
+        try:
+            with open(group, "w") as f:
+                f.write(f"{nice}\n")
+        except OSError as e:
+            return f"; session (autogroup) nice unchanged: {e}"
+        return " and on its session (autogroup)"
 
     def _stop_worker(self) -> None:
         self._stop.set()
