@@ -174,26 +174,47 @@ def run(args: argparse.Namespace) -> int:
 
 
 def compare_standard_ultrafast(quick: bool = False, domain_id: int | None = None,
-                               params: list[str] | None = None) -> dict:
+                               params: list[str] | None = None, rounds: int | None = None) -> dict:
     """End to end, standard (fp32 target, plain greedy: `decoding.standard_only`) against ultrafast
     (int8 target + draft, speculative), both with a 1 s deadline so neither falls back and the
-    figures are pure speed. Per task and, at the top level, the mean of the two tasks' p50."""
-    args = argparse.Namespace(seconds=5.0 if quick else 15.0, image_hz=30.0, joint_hz=500.0,
+    figures are pure speed. Each task runs `rounds` rounds (5; 2 with quick); a round runs both
+    modes back to back (a fresh node each, order alternating between rounds, so a drift of the
+    machine's load hits both) and gives one p50 per mode and their ratio. Reported: the median over
+    rounds with min-max, per task and, at the top level, the mean of the two tasks' medians."""
+    rounds = rounds or (2 if quick else 5)
+    args = argparse.Namespace(seconds=2.0 if quick else 4.0, image_hz=30.0, joint_hz=500.0,
                               domain_id=domain_id or int(os.environ.get("SOL_CONTROL_BENCH_DOMAIN", "27")))
     generous = ["deadline.qc_ms=1000", "deadline.grasp_ms=1000", "deadline.max_staleness_ms=2000"]
+    modes = {"standard": ["decoding.standard_only=true"], "ultrafast": []}
     out: dict = {}
     with tempfile.TemporaryDirectory(prefix="sol_control_bench_e2e_") as tmp:
         for task in ("qc", "grasp"):
-            rows = {}
-            for name, extra in (("standard", ["decoding.standard_only=true"]), ("ultrafast", [])):
-                cfg = apply_overrides(NodeConfig(), generous + extra + list(params or []))
-                print(f"bench node: {task} {name} for {args.seconds:.0f} s ...", file=sys.stderr)
-                rows[name] = run_mode(task, cfg, args, Path(tmp))
-            out[task] = {**rows, "ratio_p50": rows["standard"]["p50_ms"] / rows["ultrafast"]["p50_ms"]}
+            runs: dict[str, list[dict]] = {name: [] for name in modes}
+            for r in range(rounds):
+                for name in (list(modes) if r % 2 == 0 else list(modes)[::-1]):
+                    cfg = apply_overrides(NodeConfig(), generous + modes[name] + list(params or []))
+                    print(f"bench node: {task} {name}, round {r + 1}/{rounds}, {args.seconds:.0f} s ...",
+                          file=sys.stderr)
+                    runs[name].append(run_mode(task, cfg, args, Path(tmp)))
+            ratios = [s["p50_ms"] / u["p50_ms"] for s, u in zip(runs["standard"], runs["ultrafast"])]
+            out[task] = {name: {**_median_run(rs), "rounds": rs} for name, rs in runs.items()}
+            out[task].update(ratio_p50=pct(ratios, 50), ratio_p50_min=min(ratios), ratio_p50_max=max(ratios))
     std = sum(out[t]["standard"]["p50_ms"] for t in ("qc", "grasp")) / 2
     fast = sum(out[t]["ultrafast"]["p50_ms"] for t in ("qc", "grasp")) / 2
-    out.update({"standard_p50_ms": std, "ultrafast_p50_ms": fast, "ratio_p50": std / fast})
+    out.update({"standard_p50_ms": std, "ultrafast_p50_ms": fast, "ratio_p50": std / fast, "rounds": rounds})
     return out
+
+
+def _median_run(runs: list[dict]) -> dict:
+    """Median over rounds of each run's p50/p99 (with min-max) and the summed sources."""
+    p50, p99 = [r["p50_ms"] for r in runs], [r["p99_ms"] for r in runs]
+    sources: Counter[str] = Counter()
+    for r in runs:
+        sources.update(r["sources"])
+    return {"p50_ms": pct(p50, 50), "p50_ms_min": min(p50), "p50_ms_max": max(p50),
+            "p99_ms": pct(p99, 50), "p99_ms_min": min(p99), "p99_ms_max": max(p99),
+            "hit_rate": pct([r["hit_rate"] for r in runs], 50), "sources": dict(sources),
+            "decisions": sum(r["decisions_received"] for r in runs)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -250,8 +250,25 @@ def markdown(s: dict) -> str:
         lines += ["```", table(head, body), "```", ""]
     if s.get("e2e"):
         e = s["e2e"]
-        lines.append(f"End to end (stamp → decision over DDS): {e.get('standard_p50_ms', float('nan')):.2f} ms → "
-                     f"{e.get('ultrafast_p50_ms', float('nan')):.2f} ms = {e.get('ratio_p50', float('nan')):.1f}x (p50)")
+        lines.append(f"End to end (stamp → decision over DDS, mean of the two tasks' medians over "
+                     f"{e.get('rounds', 1)} paired rounds): {e.get('standard_p50_ms', float('nan')):.2f} ms → "
+                     f"{e.get('ultrafast_p50_ms', float('nan')):.2f} ms = {e.get('ratio_p50', float('nan')):.2f}x (p50)")
+        lines.append("")
+        head = ["task", "mode", "p50 ms", "p50 min-max", "p99 ms", "hit rate", "sources", "ratio (min-max)"]
+        body = []
+        for task in ("qc", "grasp"):
+            t = e.get(task)
+            if not isinstance(t, dict) or "standard" not in t:
+                continue
+            for name in ("standard", "ultrafast"):
+                m = t[name]
+                body.append([task, name, f"{m['p50_ms']:.2f}", f"{m['p50_ms_min']:.2f}-{m['p50_ms_max']:.2f}",
+                             f"{m['p99_ms']:.2f}", f"{100 * m['hit_rate']:.1f}%",
+                             " ".join(f"{k}={v}" for k, v in sorted(m["sources"].items())),
+                             f"{t['ratio_p50']:.2f}x ({t['ratio_p50_min']:.2f}-{t['ratio_p50_max']:.2f})"
+                             if name == "ultrafast" else ""])
+        if body:
+            lines += ["```", table(head, body), "```"]
         lines.append("")
     peers = s.get("peers", {})
     if peers.get("rows"):
