@@ -61,6 +61,11 @@ class Decision:
     start_mono_ns: int = 0  # the sensor stamp on the monotonic clock (budget start); 0 = unknown
 
 
+# Where a decision's time went (ms), in order: stamp -> work start (transport, waiting), image ->
+# observation tokens, fast path, full-precision planner. NaN when a decision skipped a stage.
+STAGE_FIELDS = ("queue_ms", "perception_ms", "fast_ms", "full_ms")
+
+
 def on_time_or_safe(d: Decision, now_ns: int | None = None, margin_ms: float = 0.0) -> Decision:
     """Measure the latency again now; a decision that is late and not a safe default already becomes
     the safe default (reason `<source>_late`), so every output is on time or labelled safe_default.

@@ -20,7 +20,7 @@ from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import Header
 
 from sol_control.actions import GraspDecision, QCVerdict
-from sol_control.guard import Decision
+from sol_control.guard import STAGE_FIELDS, Decision
 from sol_control.telemetry import Conveyor, InputRejected, Joints, Wrench, compressed_kind
 
 NS_PER_S = 1_000_000_000
@@ -196,11 +196,7 @@ def _common_values(d: Decision) -> list[KeyValue]:
             KeyValue(key="deadline_met", value="true" if d.deadline_met else "false"),
             KeyValue(key="stamp", value=str(int(d.stamp_ns))),
             KeyValue(key="frame_id", value=d.frame_id),
-            # where the time went (ms): transport + wait, perception, fast path, full precision
-            KeyValue(key="queue_ms", value=f"{d.queue_ms:.4f}"),
-            KeyValue(key="perception_ms", value=f"{d.perception_ms:.4f}"),
-            KeyValue(key="fast_ms", value=f"{d.fast_ms:.4f}"),
-            KeyValue(key="full_ms", value=f"{d.full_ms:.4f}")]
+            *(KeyValue(key=k, value=f"{getattr(d, k):.4f}") for k in STAGE_FIELDS)]
 
 
 def decision_to_status(d: Decision) -> DiagnosticStatus:
@@ -247,7 +243,7 @@ def _decision_from_kv(name: str, kv: dict[str, str]) -> Decision:
     return Decision(task, action, kv["source"], kv["reason"], float(kv["latency_ms"]), float(kv["deadline_ms"]),
                     kv["deadline_met"] == "true", int(kv["stamp"]), kv["frame_id"],
                     eject_time_ns=int(kv.get("eject_time", "0")),
-                    **{k: float(kv.get(k, "nan")) for k in ("queue_ms", "perception_ms", "fast_ms", "full_ms")})
+                    **{k: float(kv.get(k, "nan")) for k in STAGE_FIELDS})
 
 
 @dataclass(frozen=True)

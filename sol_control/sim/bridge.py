@@ -26,6 +26,7 @@ from rclpy.serialization import serialize_message
 from rosgraph_msgs.msg import Clock
 from sensor_msgs.msg import CameraInfo, Image, JointState
 
+from sol_control.guard import STAGE_FIELDS
 from sol_control.ros import convert
 from sol_control.sim import scene
 from sol_control.sim.cell import Cell
@@ -164,11 +165,13 @@ class CellBridge:
 
     # ---- decisions ----------------------------------------------------------------------------
     def _record(self, task: str, msg: DiagnosticStatus, msg_info):
-        """Parse, time and log a decision; None when it is not one we asked for.
+        """Record the message (rosbag), parse, time and log a decision: (decision, event record, the
+        summary handed to the cell), or None when it is not one we asked for.
 
         Timing uses DDS sample timestamps (system clock): e2e_ms = image published → decision
         published (what the deadline is about, including the image's transport that a sim-time
         stamp cannot show the node); measured_ms = image published → decision received here."""
+        self._record_msg(CONSUMED[task][0], msg)
         recv = msg_info.get("received_timestamp") or time.time_ns()
         src = msg_info.get("source_timestamp") or recv
         try:
@@ -188,34 +191,27 @@ class CellBridge:
                "source": d.source, "reason": d.reason, "latency_ms": d.latency_ms,
                "deadline_ms": d.deadline_ms, "deadline_met": d.deadline_met, "e2e_ms": e2e_ms,
                "measured_ms": measured_ms, "unlabelled_miss": bool(d.deadline_met and e2e_ms > d.deadline_ms),
-               "confidence": d.action.confidence,
-               # where the node's time went: stamp -> work start (transport, waiting), image ->
-               # observation tokens, fast path, full-precision planner
-               "queue_ms": d.queue_ms, "perception_ms": d.perception_ms, "fast_ms": d.fast_ms,
-               "full_ms": d.full_ms}
-        return d, rec
+               "confidence": d.action.confidence, **{k: getattr(d, k) for k in STAGE_FIELDS}}
+        info = {k: rec[k] for k in ("source", "latency_ms", "deadline_met", "e2e_ms", "confidence")}
+        return d, rec, info
 
     def _on_verdict(self, msg: DiagnosticStatus, msg_info) -> None:
-        self._record_msg(CONSUMED["qc"][0], msg)
         got = self._record("qc", msg, msg_info)
         if got is None:
             return
-        d, rec = got
+        d, rec, info = got
         rec.update(verdict=d.action.verdict, defect_pred=d.action.defect)
         eject_s = d.eject_time_ns / NS_PER_S if d.eject_time_ns else None
-        info = {k: rec[k] for k in ("source", "latency_ms", "deadline_met", "e2e_ms", "confidence")}
         info["defect_pred"] = d.action.defect
         rec["part_id"] = self.cell.apply_qc_verdict(d.action.verdict, eject_s, d.stamp_ns / NS_PER_S, info)
         self._emit(rec)
 
     def _on_grasp(self, msg: DiagnosticStatus, msg_info) -> None:
-        self._record_msg(CONSUMED["grasp"][0], msg)
         got = self._record("grasp", msg, msg_info)
         if got is None:
             return
-        d, rec = got
+        d, rec, info = got
         a = d.action
-        info = {k: rec[k] for k in ("source", "latency_ms", "deadline_met", "e2e_ms", "confidence")}
         rec["hold"] = bool(a.hold)
         if a.hold or not all(math.isfinite(v) for v in (a.x_m, a.y_m, a.z_m, a.yaw_rad, a.width_m, a.force_n)):
             rec["accepted"] = self.cell.apply_grasp_hold(info)

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sol_control.guard import STAGE_FIELDS
+
 
 @dataclass
 class Tally:
@@ -64,14 +66,11 @@ def latency_table(decisions: list[dict], key: str = "latency_ms") -> dict:
             for task, by in out.items()}
 
 
-STAGES = ("queue_ms", "perception_ms", "fast_ms", "full_ms")
-
-
 def stage_table(decisions: list[dict]) -> dict:
     """{task: {stage: p50 ms}}: where the node's time went (stages a decision skipped are left out)."""
     out: dict = {}
     for d in decisions:
-        for k in STAGES:
+        for k in STAGE_FIELDS:
             v = d.get(k, float("nan"))
             if v == v:  # not NaN
                 out.setdefault(d["task"], {}).setdefault(k, []).append(v)
