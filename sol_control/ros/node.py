@@ -37,6 +37,17 @@ NS_PER_MS = 1_000_000
 LOG_EVERY_S = 5.0
 
 
+def _autogroup_in_effect(path: str = "/proc/self/autogroup") -> bool:
+    """sched_autogroup ranks this process's session only when the file names a group: it reads empty
+    when the process sits in a cpu cgroup of its own (containers, systemd slices), which the scheduler
+    ranks instead, and it is missing on kernels without autogroup."""
+    try:
+        with open(path) as f:
+            return bool(f.read().strip())
+    except OSError:
+        return False
+
+
 def _descriptor(spec) -> ParameterDescriptor:
     d = ParameterDescriptor(name=spec.name, description=spec.description)
     if spec.kind is float and spec.low is not None and spec.high is not None:
@@ -222,7 +233,7 @@ class CoprocessorNode(LifecycleNode):
         import os
 
         group = "/proc/self/autogroup"
-        if os.getsid(0) != os.getpid() or not os.path.exists(group):
+        if os.getsid(0) != os.getpid() or not _autogroup_in_effect(group):
             return ""
         try:
             with open(group, "w") as f:
