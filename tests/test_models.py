@@ -89,3 +89,18 @@ def test_small_eval_slice(bundle):
         assert plain["success_rate"] >= 0.75
         assert spec["success_rate"] == plain["success_rate"]
     assert spec["acceptance"] >= 0.5
+
+
+def test_int4_target_is_4bit_with_an_8bit_lm_head(bundle):
+    """The shipped int4 layout (make_models): every MatMul in 4-bit blocks with zero points, the
+    lm_head in 8 bits; an all-4-bit lm_head moved a quarter of the QC actions by a bin."""
+    import onnx
+
+    graph = onnx.load(str(bundle.verify(bundle.manifest.target.files["int4"]))).graph
+    nbits = [n for n in graph.node if n.op_type == "MatMulNBits"]
+    bits = {n.name: next(a.i for a in n.attribute if a.name == "bits") for n in nbits}
+    head = [n.name for n in nbits if "logits" in n.output]
+    assert len(head) == 1 and bits[head[0]] == 8
+    body = [n for n in nbits if n.name != head[0]]
+    assert body and all(bits[n.name] == 4 and len(n.input) >= 4 for n in body)  # 4th input: zero points
+    assert not any(n.op_type == "MatMul" for n in graph.node)  # no weight left fp32

@@ -7,7 +7,8 @@
   com.microsoft `MatMulNBits`; `accuracy_level=4` computes with int8 activations (fastest on CPU).
 
 Every MatMul is quantized, the lm_head included (it is ~1/3 faster per token with int4 on a 25M
-model); `keep_lm_head_fp32=True` leaves it fp32. Blocks of 128 instead of 32 cut int4 decode time
+model); `keep_lm_head_fp32=True` leaves it fp32, and int4 can give it 8 bits (`lm_head_bits=8`: the
+shipped bundles do, with zero points in the 4-bit blocks; see models/README.md). Blocks of 128 instead of 32 cut int4 decode time
 by ~1/3 on a 25M model (measured) at some accuracy cost; the default stays 32.
 
 Attention, RMSNormalization, the embedding Gather and the KV cache stay fp32, so the graph keeps
@@ -62,7 +63,7 @@ def quantize_int8(src: str | Path, dst: str | Path, method: str = "nbits", per_c
     """
     if method == "nbits":
         return _matmul_nbits(src, dst, bits=8, block_size=block_size, accuracy_level=4, symmetric=True,
-                             keep_lm_head_fp32=keep_lm_head_fp32)
+                             lm_head_bits=None if keep_lm_head_fp32 else 8)
     if method != "dynamic":
         raise ValueError(f"int8 method must be 'nbits' or 'dynamic', got {method!r}")
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -77,22 +78,29 @@ def quantize_int8(src: str | Path, dst: str | Path, method: str = "nbits", per_c
 
 
 def quantize_int4(src: str | Path, dst: str | Path, block_size: int = 32, accuracy_level: int = 4,
-                  symmetric: bool = True, keep_lm_head_fp32: bool = False) -> Path:
-    """4-bit block quantization of every MatMul weight into com.microsoft MatMulNBits."""
-    return _matmul_nbits(src, dst, 4, block_size, accuracy_level, symmetric, keep_lm_head_fp32)
+                  symmetric: bool = True, lm_head_bits: int | None = 4) -> Path:
+    """4-bit block quantization of every MatMul weight into com.microsoft MatMulNBits; the lm_head
+    gets `lm_head_bits` (4, 8 = symmetric 8-bit blocks, None = left fp32)."""
+    return _matmul_nbits(src, dst, 4, block_size, accuracy_level, symmetric, lm_head_bits)
 
 
 def _matmul_nbits(src, dst, bits: int, block_size: int, accuracy_level: int, symmetric: bool,
-                  keep_lm_head_fp32: bool) -> Path:
+                  lm_head_bits: int | None) -> Path:
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     _quiet_quantizer_logs()
     model = _name_nodes(onnx.load(str(src)))
-    exclude = lm_head_nodes(model) if keep_lm_head_fp32 else []
+    head = lm_head_nodes(model)
     quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=block_size, is_symmetric=symmetric,
-                                     accuracy_level=accuracy_level, nodes_to_exclude=exclude,
+                                     accuracy_level=accuracy_level,
+                                     nodes_to_exclude=[] if lm_head_bits == bits else head,
                                      op_types_to_quantize=("MatMul",))
     quantizer.process()
+    if lm_head_bits not in (None, bits):  # a second pass for the lm_head alone
+        quantizer = MatMulNBitsQuantizer(quantizer.model.model, bits=lm_head_bits, block_size=block_size,
+                                         is_symmetric=True, accuracy_level=accuracy_level,
+                                         nodes_to_include=head, op_types_to_quantize=("MatMul",))
+        quantizer.process()
     quantizer.model.save_model_to_file(str(dst), use_external_data_format=False)
     return Path(dst)
 
@@ -109,14 +117,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--int4", help="output path of the int4 model")
     ap.add_argument("--block-size", type=int, default=32)
     ap.add_argument("--accuracy-level", type=int, default=4)
-    ap.add_argument("--keep-lm-head-fp32", action="store_true")
+    ap.add_argument("--keep-lm-head-fp32", action="store_true", help="int8 and int4: leave the lm_head fp32")
+    ap.add_argument("--int4-lm-head-bits", type=int, choices=(4, 8), default=4)
+    ap.add_argument("--int4-asymmetric", action="store_true", help="int4 blocks with zero points")
     args = ap.parse_args(argv)
     if args.int8:
         quantize_int8(args.src, args.int8, keep_lm_head_fp32=args.keep_lm_head_fp32)
         print(f"int8 {args.int8}: {op_counts(args.int8)}")
     if args.int4:
-        quantize_int4(args.src, args.int4, args.block_size, args.accuracy_level,
-                      keep_lm_head_fp32=args.keep_lm_head_fp32)
+        quantize_int4(args.src, args.int4, args.block_size, args.accuracy_level, not args.int4_asymmetric,
+                      None if args.keep_lm_head_fp32 else args.int4_lm_head_bits)
         print(f"int4 {args.int4}: {op_counts(args.int4)}")
     return 0
 
