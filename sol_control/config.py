@@ -135,8 +135,9 @@ class NodeConfig(Strict):
     mode: Literal["qc", "grasp", "both"] = Field("both", description="which decisions to make: qc, grasp or both")
     nice: int = Field(0, ge=-20, le=19,
                       description="CPU priority (Linux nice) of the node's threads at activation, except the "
-                                  "shadow audit (always 19), and of its session when the node leads one "
-                                  "(sched_autogroup ranks sessions first); below 0 needs CAP_SYS_NICE, "
+                                  "shadow audit (always 19), and of its session when the node leads one and "
+                                  "sched_autogroup is in effect (it ranks sessions first); below 0 needs "
+                                  "CAP_SYS_NICE, "
                                   "0 = leave as is")
     autostart: bool = Field(True, description="configure and activate at start (no lifecycle manager needed)")
     audit_rate: float = Field(0.05, ge=0.0, le=1.0,
