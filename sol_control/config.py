@@ -137,8 +137,7 @@ class NodeConfig(Strict):
                       description="CPU priority (Linux nice) of the node's threads at activation, except the "
                                   "shadow audit (always 19), and of its session when the node leads one and "
                                   "sched_autogroup is in effect (it ranks sessions first); below 0 needs "
-                                  "CAP_SYS_NICE, "
-                                  "0 = leave as is")
+                                  "CAP_SYS_NICE, 0 = leave as is")
     autostart: bool = Field(True, description="configure and activate at start (no lifecycle manager needed)")
     audit_rate: float = Field(0.05, ge=0.0, le=1.0,
                               description="fraction of fast decisions recomputed at full precision in the background")

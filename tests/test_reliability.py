@@ -622,10 +622,10 @@ def test_nice_moves_every_thread_but_the_audit_and_only_an_own_session(tmp_path,
     a node alone in its session sets it too, and a node sharing one (here: pytest's) leaves it. Where
     autogroup is not in effect (no such kernel feature, or a cpu cgroup as in CI containers) the node
     must not claim to have set it."""
-    from sol_control.ros.node import _autogroup_in_effect
+    from sol_control.ros.node import AUTOGROUP, _autogroup_in_effect
 
     autogroup = _autogroup_in_effect()
-    ours = Path("/proc/self/autogroup").read_text().split() if autogroup else []
+    ours = Path(AUTOGROUP).read_text().split() if autogroup else []
     node = NodeProcess(DOMAIN_NODE + 10 + own_session, {**NODE_PARAMS, "nice": 5, "audit_rate": 0.05},
                        tmp_path / "node.log", new_session=own_session)
     try:

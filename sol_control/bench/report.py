@@ -190,13 +190,14 @@ def run(args: argparse.Namespace) -> int:
             # Whole decisions (first token included) on the same weights and prefixes: a peer's
             # "decode" rate leaves out its first step, which for a speculative peer already emits
             # several tokens, so decode-only figures flatter speculative peers.
-            best_peer = max(rows, key=lambda r: r["tokens_per_s"])
-            ours = max(r["tokens_per_s"] for r in decode["grasp"]["rows"] if r["speculative"])
-            summary["vs_best_peer"] = ours / best_peer["tokens_per_s"]
-            summary["best_peer"] = best_peer
-            best_decode = max(rows, key=lambda r: r["decode_tokens_per_s"])
-            summary["vs_best_peer_decode"] = (max(r["decode_tokens_per_s"] for r in decode["grasp"]["rows"]
-                                                  if r["speculative"]) / best_decode["decode_tokens_per_s"])
+            spec = [r for r in decode["grasp"]["rows"] if r["speculative"]]
+
+            def vs_best(key: str) -> tuple[float, dict]:
+                best = max(rows, key=lambda r: r[key])
+                return max(r[key] for r in spec) / best[key], best
+
+            summary["vs_best_peer"], summary["best_peer"] = vs_best("tokens_per_s")
+            summary["vs_best_peer_decode"], _ = vs_best("decode_tokens_per_s")
     if "scaling" not in args.skip:
         lengths = (8, 32) if args.quick else (8, 32, 128)
         summary["scaling"] = {name: scaling(b, lengths=lengths, rounds=2 if args.quick else args.rounds)

@@ -12,6 +12,7 @@ true) does configure + activate at start for users without a lifecycle manager.
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any
@@ -37,7 +38,10 @@ NS_PER_MS = 1_000_000
 LOG_EVERY_S = 5.0
 
 
-def _autogroup_in_effect(path: str = "/proc/self/autogroup") -> bool:
+AUTOGROUP = "/proc/self/autogroup"
+
+
+def _autogroup_in_effect(path: str = AUTOGROUP) -> bool:
     """sched_autogroup ranks this process's session only when the file names a group: it reads empty
     when the process sits in a cpu cgroup of its own (containers, systemd slices), which the scheduler
     ranks instead, and it is missing on kernels without autogroup."""
@@ -207,8 +211,6 @@ class CoprocessorNode(LifecycleNode):
 
     def _renice(self, nice: int) -> None:
         """Every thread of this process (executor, worker, DDS) to `nice`, except the shadow audit."""
-        import os
-
         skip = self.cop.background_thread_ids() if self.cop else set()
         done, failed = 0, ""
         for tid in os.listdir("/proc/self/task"):
@@ -230,13 +232,10 @@ class CoprocessorNode(LifecycleNode):
         between sessions first and applies thread nice values only inside a session, so a node in its
         own session (`setsid`, as the demo starts it) also sets its session's nice. A node sharing a
         session with others (a terminal, `ros2 launch`) leaves it alone: that would move them too."""
-        import os
-
-        group = "/proc/self/autogroup"
-        if os.getsid(0) != os.getpid() or not _autogroup_in_effect(group):
+        if os.getsid(0) != os.getpid() or not _autogroup_in_effect():
             return ""
         try:
-            with open(group, "w") as f:
+            with open(AUTOGROUP, "w") as f:
                 f.write(f"{nice}\n")
         except OSError as e:
             return f"; session (autogroup) nice unchanged: {e}"
