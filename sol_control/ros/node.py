@@ -42,9 +42,9 @@ AUTOGROUP = "/proc/self/autogroup"
 
 
 def _autogroup_in_effect(path: str = AUTOGROUP) -> bool:
-    """sched_autogroup ranks this process's session only when the file names a group: it reads empty
-    when the process sits in a cpu cgroup of its own (containers, systemd slices), which the scheduler
-    ranks instead, and it is missing on kernels without autogroup."""
+    """sched_autogroup gives this process's session a group of its own only when the file names one:
+    it reads empty for a session left in the kernel's default group (a container's init session, whose
+    nice cannot be set), and it is missing on kernels without autogroup."""
     try:
         with open(path) as f:
             return bool(f.read().strip())
