@@ -74,12 +74,13 @@ class LatestSlot(Generic[T]):
         self.puts = 0
         self.superseded = 0
 
-    def put(self, value: T) -> None:
+    def put(self, value: T, arrived_mono_ns: int = 0) -> None:
+        """`arrived_mono_ns`: when the value arrived, if earlier than now (a polled sample)."""
         with self._lock:
             if self._value is not None:
                 self.superseded += 1
             self._value = value
-            self._put_mono_ns = time.monotonic_ns()
+            self._put_mono_ns = arrived_mono_ns or time.monotonic_ns()
             self.puts += 1
             self._ready.notify()
 

@@ -36,6 +36,9 @@ def test_latest_slot_keeps_only_the_newest():
     slot.put(7)
     time.sleep(0.02)
     assert slot.peek(max_age_ms=5.0) is None and slot.peek(max_age_ms=5000.0) == 7
+    # a polled sample ages from when it arrived, not from when it was taken
+    slot.put(8, arrived_mono_ns=time.monotonic_ns() - 50_000_000)
+    assert slot.peek(max_age_ms=40.0) is None and slot.peek(max_age_ms=60.0) == 8
 
 
 def test_latest_slot_wakes_a_waiting_taker():

@@ -1,8 +1,9 @@
 """`ros2 run sol_control coprocessor`: the lifecycle node `sol_control`.
 
-    executor thread: sensor callbacks ─► validate + convert ─► latest-value slots (depth 1)
-    worker threads:  one per task (qc, grasp): newest frame ─► Coprocessor.step (perception,
-                     guard, planners) ─► publish (a late answer goes out as the safe default)
+    executor thread: image callbacks ─► validate + convert ─► latest-value slots (depth 1)
+    worker threads:  one per task (qc, grasp): newest frame ─► take the side streams' newest
+                     samples ─► Coprocessor.step (perception, guard, planners) ─► publish (a late
+                     answer goes out as the safe default)
     audit thread:    sampled fast decisions recomputed at fp32 (lowest priority)
 
 configure: validate parameters, verify bundles (sha256), build sessions; on failure the node stays
@@ -21,6 +22,7 @@ import rclpy
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
 from geometry_msgs.msg import PoseArray, PoseStamped, WrenchStamped
 from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, SetParametersResult
+from rclpy.callback_groups import CallbackGroup
 from rclpy.event_handler import PublisherEventCallbacks
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
@@ -36,6 +38,7 @@ from sol_control.telemetry import Frame, InputRejected, LatestSlot, TelemetrySlo
 
 NS_PER_MS = 1_000_000
 LOG_EVERY_S = 5.0
+SIDE_POLL_S = 0.1
 
 
 AUTOGROUP = "/proc/self/autogroup"
@@ -50,6 +53,22 @@ def _autogroup_in_effect(path: str = AUTOGROUP) -> bool:
             return bool(f.read().strip())
     except OSError:
         return False
+
+
+class Polled(CallbackGroup):
+    """Subscriptions no executor waits on. The side streams (joint states at 500 Hz, wrench,
+    conveyor) are only needed when a frame is decided, so the node takes their newest sample then
+    (and on a slow timer) instead of waking the executor for every message: each wake is ~0.4 ms of
+    Python holding the GIL the decision workers need."""
+
+    def can_execute(self, entity) -> bool:
+        return False
+
+    def beginning_execution(self, entity) -> bool:
+        return False
+
+    def ending_execution(self, entity) -> None:
+        pass
 
 
 def _descriptor(spec) -> ParameterDescriptor:
@@ -75,6 +94,9 @@ class CoprocessorNode(LifecycleNode):
         self._declare_parameters()
         self.add_on_set_parameters_callback(self._on_set_parameters)
         self._subs: list = []
+        self._side_subs: list = []  # in the Polled group: taken by _poll_side, never by the executor
+        self._side_lock = threading.Lock()
+        self._side_timer = None
         self._pubs: dict[str, Any] = {}
         self._frames: dict[str, LatestSlot[Frame]] = {}  # one depth-1 slot per task's worker
         self._workers: list[threading.Thread] = []
@@ -150,13 +172,20 @@ class CoprocessorNode(LifecycleNode):
             self._pubs["approach"] = pub(PoseArray, "grasp/approach", out_qos)
         self._pubs["markers"] = pub(MarkerArray, "decisions/markers", qos.decision_qos(0))
         in_qos = qos.sensor_qos(cfg.deadline.max_staleness_ms)
+        polled = Polled()
+        self._side_subs = [
+            self.create_subscription(JointState, "joint_states", self._on_joints, in_qos, callback_group=polled),
+            self.create_subscription(WrenchStamped, "wrench", self._on_wrench, in_qos, callback_group=polled),
+            self.create_subscription(JointState, "conveyor/joint_states", self._on_conveyor, in_qos,
+                                     callback_group=polled),
+        ]
         self._subs = [
             self.create_subscription(Image, "camera/image_raw", self._on_image, in_qos),
             self.create_subscription(CompressedImage, "camera/image_raw/compressed", self._on_compressed, in_qos),
-            self.create_subscription(JointState, "joint_states", self._on_joints, in_qos),
-            self.create_subscription(WrenchStamped, "wrench", self._on_wrench, in_qos),
-            self.create_subscription(JointState, "conveyor/joint_states", self._on_conveyor, in_qos),
+            *self._side_subs,
         ]
+        # without frames nobody takes the side streams: count their rejections within SIDE_POLL_S
+        self._side_timer = self.create_timer(SIDE_POLL_S, self._poll_side)
         self._state = "inactive"
         self.get_logger().info(f"configured: mode={cfg.mode}, bundles "
                                + ", ".join(f"{t}={cfg.bundle_dir(t)}" for t in self.cop.tasks))
@@ -254,8 +283,13 @@ class CoprocessorNode(LifecycleNode):
 
     def _release(self) -> None:
         self._stop_worker()
-        for s in self._subs:
-            self.destroy_subscription(s)
+        if self._side_timer is not None:
+            self.destroy_timer(self._side_timer)
+            self._side_timer = None
+        with self._side_lock:
+            for s in self._subs:
+                self.destroy_subscription(s)
+            self._side_subs = []
         for p in self._pubs.values():
             self.destroy_lifecycle_publisher(p)
         self._subs, self._pubs, self._frames = [], {}, {}
@@ -321,9 +355,25 @@ class CoprocessorNode(LifecycleNode):
             return Frame(None, stamp, start, msg.header.frame_id, compressed=data, compressed_format=kind)
         self._admit(msg, make, info)
 
-    def _side(self, slot, fn, msg) -> None:
+    def _poll_side(self) -> None:
+        """Take each side stream's newest sample (keep-last-1: at most one waits) and convert it;
+        called by the workers before each decision and by a slow timer."""
+        with self._side_lock:
+            for sub in self._side_subs:
+                try:
+                    with sub.handle:
+                        taken = sub.handle.take_message(sub.msg_type, sub.raw)
+                except Exception as e:  # noqa: BLE001 - an rmw error on one stream skips it this time
+                    self._log_limited("side_take_error", f"side stream {sub.topic_name}: {type(e).__name__}: {e}")
+                    continue
+                if taken is not None:
+                    msg, info = taken
+                    waited_ns = time.time_ns() - int(info.get("received_timestamp") or 0)
+                    sub.callback(msg, time.monotonic_ns() - min(max(waited_ns, 0), 10**9))
+
+    def _side(self, slot, fn, msg, arrived_mono_ns: int) -> None:
         try:
-            slot.put(fn(msg))
+            slot.put(fn(msg), arrived_mono_ns)
         except InputRejected as e:
             self.stats.reject(e.reason)
             self._log_limited(e.reason, f"rejected input: {e}")
@@ -331,15 +381,17 @@ class CoprocessorNode(LifecycleNode):
             self.stats.reject("conversion_error")
             self._log_limited("conversion_error", f"rejected input: {type(e).__name__}: {e}")
 
-    def _on_joints(self, msg: JointState) -> None:
+    def _on_joints(self, msg: JointState, arrived_mono_ns: int) -> None:
         self._side(self.slots.joints, lambda m: convert.joints_from_ros(m, self.cfg.inputs.max_joint_abs,
-                                                                    self.cfg.inputs.max_joints), msg)
+                                                                    self.cfg.inputs.max_joints), msg, arrived_mono_ns)
 
-    def _on_wrench(self, msg: WrenchStamped) -> None:
-        self._side(self.slots.wrench, lambda m: convert.wrench_from_ros(m, self.cfg.inputs.max_wrench_abs), msg)
+    def _on_wrench(self, msg: WrenchStamped, arrived_mono_ns: int) -> None:
+        self._side(self.slots.wrench, lambda m: convert.wrench_from_ros(m, self.cfg.inputs.max_wrench_abs), msg,
+                   arrived_mono_ns)
 
-    def _on_conveyor(self, msg: JointState) -> None:
-        self._side(self.slots.conveyor, lambda m: convert.conveyor_from_ros(m, self.cfg.inputs.max_belt_speed_mps), msg)
+    def _on_conveyor(self, msg: JointState, arrived_mono_ns: int) -> None:
+        self._side(self.slots.conveyor, lambda m: convert.conveyor_from_ros(m, self.cfg.inputs.max_belt_speed_mps),
+                   msg, arrived_mono_ns)
 
     # -- worker thread ---------------------------------------------------------------------------
     def _work(self, task: str) -> None:
@@ -361,6 +413,7 @@ class CoprocessorNode(LifecycleNode):
             fire_at_ns = frame.start_mono_ns + int((dl.for_task(task) - dl.publish_margin_ms) * NS_PER_MS)
             job = self._watchdog.begin(task, fire_at_ns, frame)
             try:
+                self._poll_side()
                 d = cop.step(self.slots.snapshot(frame, cfg.deadline.max_staleness_ms), task=task)
             except InputRejected as e:
                 self._watchdog.finish(job)
