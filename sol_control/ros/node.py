@@ -1,9 +1,10 @@
 """`ros2 run sol_control coprocessor`: the lifecycle node `sol_control`.
 
     executor thread: image callbacks ─► validate + convert ─► latest-value slots (depth 1)
-    worker threads:  one per task (qc, grasp): newest frame ─► take the side streams' newest
-                     samples ─► Coprocessor.step (perception, guard, planners) ─► publish (a late
-                     answer goes out as the safe default)
+    worker threads:  one per task (qc, grasp): newest frame ─► take the newest sample of the side
+                     stream the task reads ─► Coprocessor.step (perception, guard, planners)
+                     ─► publish (a late answer goes out as the safe default)
+    side streams:    joint states, wrench, conveyor: never spun; taken by the workers and a timer
     audit thread:    sampled fast decisions recomputed at fp32 (lowest priority)
 
 configure: validate parameters, verify bundles (sha256), build sessions; on failure the node stays
@@ -39,6 +40,9 @@ from sol_control.telemetry import Frame, InputRejected, LatestSlot, TelemetrySlo
 NS_PER_MS = 1_000_000
 LOG_EVERY_S = 5.0
 SIDE_POLL_S = 0.1
+# the side streams a task's decision reads (coprocessor.py): its worker takes only these (~50 us a
+# take); the timer takes them all
+SIDE_READS = {"qc": ("conveyor/joint_states",), "grasp": ("joint_states",)}
 
 
 AUTOGROUP = "/proc/self/autogroup"
@@ -94,7 +98,8 @@ class CoprocessorNode(LifecycleNode):
         self._declare_parameters()
         self.add_on_set_parameters_callback(self._on_set_parameters)
         self._subs: list = []
-        self._side_subs: list = []  # in the Polled group: taken by _poll_side, never by the executor
+        self._side_subs: dict[str, Any] = {}  # topic -> subscription in the Polled group: taken by
+        # _poll_side, never by the executor
         self._side_lock = threading.Lock()
         self._side_timer = None
         self._pubs: dict[str, Any] = {}
@@ -173,16 +178,14 @@ class CoprocessorNode(LifecycleNode):
         self._pubs["markers"] = pub(MarkerArray, "decisions/markers", qos.decision_qos(0))
         in_qos = qos.sensor_qos(cfg.deadline.max_staleness_ms)
         polled = Polled()
-        self._side_subs = [
-            self.create_subscription(JointState, "joint_states", self._on_joints, in_qos, callback_group=polled),
-            self.create_subscription(WrenchStamped, "wrench", self._on_wrench, in_qos, callback_group=polled),
-            self.create_subscription(JointState, "conveyor/joint_states", self._on_conveyor, in_qos,
-                                     callback_group=polled),
-        ]
+        self._side_subs = {topic: self.create_subscription(kind, topic, fn, in_qos, callback_group=polled)
+                           for topic, kind, fn in (("joint_states", JointState, self._on_joints),
+                                                   ("wrench", WrenchStamped, self._on_wrench),
+                                                   ("conveyor/joint_states", JointState, self._on_conveyor))}
         self._subs = [
             self.create_subscription(Image, "camera/image_raw", self._on_image, in_qos),
             self.create_subscription(CompressedImage, "camera/image_raw/compressed", self._on_compressed, in_qos),
-            *self._side_subs,
+            *self._side_subs.values(),
         ]
         # without frames nobody takes the side streams: count their rejections within SIDE_POLL_S
         self._side_timer = self.create_timer(SIDE_POLL_S, self._poll_side)
@@ -289,7 +292,7 @@ class CoprocessorNode(LifecycleNode):
         with self._side_lock:
             for s in self._subs:
                 self.destroy_subscription(s)
-            self._side_subs = []
+            self._side_subs = {}
         for p in self._pubs.values():
             self.destroy_lifecycle_publisher(p)
         self._subs, self._pubs, self._frames = [], {}, {}
@@ -355,16 +358,18 @@ class CoprocessorNode(LifecycleNode):
             return Frame(None, stamp, start, msg.header.frame_id, compressed=data, compressed_format=kind)
         self._admit(msg, make, info)
 
-    def _poll_side(self) -> None:
-        """Take each side stream's newest sample (keep-last-1: at most one waits) and convert it;
-        called by the workers before each decision and by a slow timer."""
+    def _poll_side(self, topics: tuple[str, ...] | None = None) -> None:
+        """Take the newest sample (keep-last-1: at most one waits) of the side streams `topics`
+        (default: all) and convert it; called by the workers before each decision and by a timer."""
         with self._side_lock:
-            for sub in self._side_subs:
+            for topic, sub in self._side_subs.items():
+                if topics is not None and topic not in topics:
+                    continue
                 try:
                     with sub.handle:
                         taken = sub.handle.take_message(sub.msg_type, sub.raw)
                 except Exception as e:  # noqa: BLE001 - an rmw error on one stream skips it this time
-                    self._log_limited("side_take_error", f"side stream {sub.topic_name}: {type(e).__name__}: {e}")
+                    self._log_limited("side_take_error", f"side stream {topic}: {type(e).__name__}: {e}")
                     continue
                 if taken is not None:
                     msg, info = taken
@@ -413,7 +418,7 @@ class CoprocessorNode(LifecycleNode):
             fire_at_ns = frame.start_mono_ns + int((dl.for_task(task) - dl.publish_margin_ms) * NS_PER_MS)
             job = self._watchdog.begin(task, fire_at_ns, frame)
             try:
-                self._poll_side()
+                self._poll_side(SIDE_READS[task])
                 d = cop.step(self.slots.snapshot(frame, cfg.deadline.max_staleness_ms), task=task)
             except InputRejected as e:
                 self._watchdog.finish(job)
