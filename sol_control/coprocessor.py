@@ -31,8 +31,8 @@ NS_PER_S = 1_000_000_000
 NS_PER_MS = 1_000_000
 
 
-# Decision workers share the GIL with whoever else runs Python in the process (the ROS executor at
-# 500 Hz joint states, the soak's drivers, the auditor). With the default 5 ms switch interval a
+# Decision workers share the GIL with whoever else runs Python in the process (the ROS executor's
+# image callbacks and timers, the soak's drivers, the auditor). With the default 5 ms switch interval a
 # worker returning from ONNX Runtime can wait that long for the GIL, on every call, and a decision
 # labelled on time can leave late. 0.5 ms bounds that wait.
 GIL_SWITCH_INTERVAL_S = 0.0005

@@ -504,7 +504,7 @@ class CoprocessorNode(LifecycleNode):
 def main(args: list[str] | None = None) -> None:
     from sol_control.coprocessor import share_gil_quickly
 
-    share_gil_quickly()  # the executor (500 Hz joint states, images) and the workers share the GIL
+    share_gil_quickly()  # the executor (images, /clock, timers) and the workers share the GIL
     rclpy.init(args=args)
     node = CoprocessorNode()
     executor = SingleThreadedExecutor()
