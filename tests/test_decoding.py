@@ -14,6 +14,7 @@ from scipy import stats as sps
 from sol_control.budget import Budget
 from sol_control.bundle import Bundle
 from sol_control.decoding import AdaptiveK, DecoderSession, greedy, open_decoder, sample, speculate
+from sol_control.decoding.speculative import MAX_K
 from sol_control.decoding.sampling import distribution
 
 from .conftest import FIXTURES
@@ -240,3 +241,32 @@ def test_adaptive_k_switches_off_when_drafting_does_not_pay():
         fast.update(0, 0, draft_ms=None, verify_ms=1.0)
     assert fast.choose() >= 8
     assert fast.choose(remaining=3) == 2  # never drafts past the end of the decision
+
+
+def test_adaptive_k_picks_the_best_modelled_rate():
+    """choose() reads a cost table refreshed by update(): it must still pick the k that maximises
+    expected tokens per ms under the measured pass costs (interpolated, extrapolated past the
+    largest pass seen)."""
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        ctl = AdaptiveK()
+        for step in range(int(rng.integers(2, 12))):
+            k = int(rng.integers(1 if step == 0 else 0, 9))
+            ctl.update(k, int(rng.integers(0, k + 1)), float(rng.uniform(0.05, 0.6)) if k else None,
+                       float(rng.uniform(0.3, 2.0)))
+        seen = np.flatnonzero(~np.isnan(ctl.verify))
+        ms = ctl.verify[seen]
+        slope = max((ms[-1] - ms[0]) / (seen[-1] - seen[0]), 0.05 * ms[0]) if len(seen) > 1 else None
+
+        def cost(t):
+            if slope is None:
+                return ms[0] * max(1 + 0.1 * (t - seen[0]), 0.1)
+            return float(np.interp(t, seen, ms)) if t <= seen[-1] else ms[-1] + (t - seen[-1]) * slope
+
+        if ctl.draft_ms is None:
+            continue
+        a = min(ctl.alpha, 0.999)
+        rates = [1.0 / cost(1)] + [(1 - a ** (k + 1)) / (1 - a) / (k * ctl.draft_ms + cost(k + 1))
+                                   for k in range(1, MAX_K + 1)]
+        assert ctl.choose(MAX_K + 1) == int(np.argmax(rates))
+        assert ctl.verify_ms(5) == pytest.approx(cost(5), rel=1e-9)

@@ -83,32 +83,38 @@ class AdaptiveK:
         self.acc, self.rej = 4.0, 1.0  # prior: acceptance ~0.8
         self.draft_ms: float | None = None  # per draft token
         self.verify = np.full(MAX_K + 2, np.nan)  # ms of one target pass of T tokens, index T
+        self._est: list[float] | None = None  # verify_ms(T) for T in 0..MAX_K+1, refreshed by update
 
     @property
     def alpha(self) -> float:
         return self.acc / (self.acc + self.rej)
 
-    def verify_ms(self, tokens: int) -> float | None:
+    def _estimate(self, tokens: np.ndarray) -> np.ndarray | None:
         seen = np.flatnonzero(~np.isnan(self.verify))  # pass sizes measured so far
         if len(seen) == 0:
             return None
         ms = self.verify[seen]
-        if len(seen) == 1:  # one size seen: assume +10 % per extra token
-            return float(ms[0] * (1 + 0.1 * (tokens - seen[0])))
-        if tokens <= seen[-1]:
-            return float(np.interp(tokens, seen, ms))
+        if len(seen) == 1:  # one size seen: assume +10 % per extra token (and never below 10 %)
+            return ms[0] * np.maximum(1 + 0.1 * (tokens - seen[0]), 0.1)
         slope = max((ms[-1] - ms[0]) / (seen[-1] - seen[0]), 0.05 * ms[0])
-        return float(ms[-1] + (tokens - seen[-1]) * slope)
+        return np.where(tokens <= seen[-1], np.interp(tokens, seen, ms), ms[-1] + (tokens - seen[-1]) * slope)
+
+    def verify_ms(self, tokens: int) -> float | None:
+        """Estimated ms of one target pass of `tokens` tokens (None before the first measurement)."""
+        if self._est is not None and tokens < len(self._est):
+            return self._est[tokens]
+        est = self._estimate(np.array([tokens]))
+        return None if est is None else float(est[0])
 
     def choose(self, remaining: int = MAX_K + 1) -> int:
         k_top = max(0, min(self.k_max, remaining - 1))
-        plain = self.verify_ms(1)
-        if self.draft_ms is None or plain is None:
+        est = self._est  # plain floats: this runs once per speculative step, on the decision's clock
+        if self.draft_ms is None or est is None:
             return min(4, k_top)  # cold start: measure a moderate k first
-        a = min(self.alpha, 0.999)
-        best_k, best = 0, 1.0 / plain
+        a, draft_ms = min(self.alpha, 0.999), self.draft_ms
+        best_k, best = 0, 1.0 / est[1]
         for k in range(1, k_top + 1):
-            rate = (1 - a ** (k + 1)) / (1 - a) / (k * self.draft_ms + self.verify_ms(k + 1))
+            rate = (1 - a ** (k + 1)) / (1 - a) / (k * draft_ms + est[k + 1])
             if rate > best:
                 best_k, best = k, rate
         return best_k
@@ -124,6 +130,7 @@ class AdaptiveK:
         t = k + 1
         old = self.verify[t]
         self.verify[t] = verify_ms if np.isnan(old) else 0.8 * old + 0.2 * verify_ms
+        self._est = self._estimate(np.arange(MAX_K + 2, dtype=np.float64)).tolist()
 
 
 def greedy(target: DecoderSession, prefix, max_new_tokens: int, budget: Budget | None = None) -> DecodeResult:
