@@ -14,8 +14,8 @@ from scipy import stats as sps
 from sol_control.budget import Budget
 from sol_control.bundle import Bundle
 from sol_control.decoding import AdaptiveK, DecoderSession, greedy, open_decoder, sample, speculate
-from sol_control.decoding.speculative import MAX_K
 from sol_control.decoding.sampling import distribution
+from sol_control.decoding.speculative import MAX_K
 
 from .conftest import FIXTURES
 
