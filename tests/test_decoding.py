@@ -270,3 +270,26 @@ def test_adaptive_k_picks_the_best_modelled_rate():
                                    for k in range(1, MAX_K + 1)]
         assert ctl.choose(MAX_K + 1) == int(np.argmax(rates))
         assert ctl.verify_ms(5) == pytest.approx(cost(5), rel=1e-9)
+
+
+def test_adaptive_k_shrugs_off_one_slow_step_and_probes_a_draft_it_stopped_using():
+    good = AdaptiveK()
+    for _ in range(30):  # a cheap, usually right draft: drafting pays
+        good.update(4, 4, draft_ms=0.4, verify_ms=0.5)
+        good.update(0, 0, draft_ms=None, verify_ms=0.4)
+    assert good.choose() > 0
+    good.update(4, 4, draft_ms=400.0, verify_ms=0.5)  # one preempted draft step (100 ms a token)
+    assert good.choose() > 0 and good.draft_ms < 0.2
+
+    ctl = AdaptiveK(explore_every=4)
+    for _ in range(30):  # the draft was expensive: plain decoding wins
+        ctl.update(2, 2, draft_ms=4.0, verify_ms=0.5)
+        ctl.update(0, 0, draft_ms=None, verify_ms=0.4)
+    chosen = []
+    for _ in range(300):  # ...then it got cheap; only probes can notice
+        k = ctl.choose()
+        chosen.append(k)
+        ctl.update(k, k, draft_ms=0.05 * k if k else None, verify_ms=0.4 + 0.02 * k)
+    assert chosen[0] == 0 and chosen[-1] > 2, chosen
+    first_probe = chosen.index(2)
+    assert chosen[first_probe - 3:first_probe] == [0, 0, 0]  # probes only after explore_every plain steps

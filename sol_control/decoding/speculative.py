@@ -17,6 +17,7 @@ from .sampling import distribution, draw, token_prob
 from .session import DecoderSession
 
 MAX_K = 16
+PROBE_K = 2  # draft length of the steps that re-measure a draft the controller stopped using
 
 
 @dataclass
@@ -75,11 +76,16 @@ class AdaptiveK:
     k * draft_ms + verify_ms(k + 1). Pick the k with the most tokens per ms; k = 0 (plain
     decoding) wins when drafting does not pay. Costs are running averages per pass size, measured
     as the planner runs; sizes not yet seen are interpolated, so the choice explores them.
+    Plain steps teach it nothing about the draft, so after `explore_every` plain steps in a row it
+    drafts PROBE_K tokens for two steps (the first catches the draft up, the second times it): one
+    slow draft measurement (a preemption) cannot switch speculation off for good.
     Keep one controller per planner: it learns across decisions.
     """
 
-    def __init__(self, k_max: int = MAX_K, decay: float = 0.95):
-        self.k_max, self.decay = k_max, decay
+    def __init__(self, k_max: int = MAX_K, decay: float = 0.95, explore_every: int = 64):
+        self.k_max, self.decay, self.explore_every = k_max, decay, explore_every
+        self._plain_run = 0  # plain steps chosen in a row
+        self._probes = 0  # probe steps still to run
         self.acc, self.rej = 4.0, 1.0  # prior: acceptance ~0.8
         self.draft_ms: float | None = None  # per draft token
         self.verify = np.full(MAX_K + 2, np.nan)  # ms of one target pass of T tokens, index T
@@ -117,20 +123,41 @@ class AdaptiveK:
             rate = (1 - a ** (k + 1)) / (1 - a) / (k * draft_ms + est[k + 1])
             if rate > best:
                 best_k, best = k, rate
-        return best_k
+        if not k_top:  # no room to draft (the decision's last token): not a choice against it
+            return 0
+        if best_k:
+            self._plain_run = self._probes = 0
+            return best_k
+        if self._probes:
+            self._probes -= 1
+            return min(PROBE_K, k_top)
+        self._plain_run += 1
+        if self._plain_run >= self.explore_every:
+            self._plain_run, self._probes = 0, 1
+            return min(PROBE_K, k_top)
+        return 0
 
     def update(self, k: int, accepted: int, draft_ms: float | None, verify_ms: float) -> None:
+        """Learn from one step. A timing enters its running average at most at OUTLIER_X times the
+        average: a preempted step nudges the costs instead of tripling them."""
         d = self.decay
         if k > 0:
             self.acc = d * self.acc + accepted
             self.rej = d * self.rej + (1 if accepted < k else 0)
             if draft_ms is not None:
                 per = draft_ms / k
-                self.draft_ms = per if self.draft_ms is None else 0.8 * self.draft_ms + 0.2 * per
+                self.draft_ms = per if self.draft_ms is None else _average(self.draft_ms, per)
         t = k + 1
         old = self.verify[t]
-        self.verify[t] = verify_ms if np.isnan(old) else 0.8 * old + 0.2 * verify_ms
+        self.verify[t] = verify_ms if np.isnan(old) else _average(float(old), verify_ms)
         self._est = self._estimate(np.arange(MAX_K + 2, dtype=np.float64)).tolist()
+
+
+OUTLIER_X = 3.0
+
+
+def _average(old: float, new: float) -> float:
+    return 0.8 * old + 0.2 * min(new, OUTLIER_X * old)
 
 
 def greedy(target: DecoderSession, prefix, max_new_tokens: int, budget: Budget | None = None) -> DecodeResult:
