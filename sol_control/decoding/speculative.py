@@ -18,6 +18,11 @@ from .session import DecoderSession
 
 MAX_K = 16
 PROBE_K = 2  # draft length of the steps that re-measure a draft the controller stopped using
+OUTLIER_X = 3.0  # a timing enters a running average at most at this multiple of the average
+
+
+def _average(old: float, new: float) -> float:
+    return 0.8 * old + 0.2 * min(new, OUTLIER_X * old)
 
 
 @dataclass
@@ -117,14 +122,14 @@ class AdaptiveK:
         est = self._est  # plain floats: this runs once per speculative step, on the decision's clock
         if self.draft_ms is None or est is None:
             return min(4, k_top)  # cold start: measure a moderate k first
+        if not k_top:  # no room to draft (the decision's last token): not a choice against it
+            return 0
         a, draft_ms = min(self.alpha, 0.999), self.draft_ms
         best_k, best = 0, 1.0 / est[1]
         for k in range(1, k_top + 1):
             rate = (1 - a ** (k + 1)) / (1 - a) / (k * draft_ms + est[k + 1])
             if rate > best:
                 best_k, best = k, rate
-        if not k_top:  # no room to draft (the decision's last token): not a choice against it
-            return 0
         if best_k:
             self._plain_run = self._probes = 0
             return best_k
@@ -151,13 +156,6 @@ class AdaptiveK:
         old = self.verify[t]
         self.verify[t] = verify_ms if np.isnan(old) else _average(float(old), verify_ms)
         self._est = self._estimate(np.arange(MAX_K + 2, dtype=np.float64)).tolist()
-
-
-OUTLIER_X = 3.0
-
-
-def _average(old: float, new: float) -> float:
-    return 0.8 * old + 0.2 * min(new, OUTLIER_X * old)
 
 
 def greedy(target: DecoderSession, prefix, max_new_tokens: int, budget: Budget | None = None) -> DecodeResult:
