@@ -194,7 +194,9 @@ def make_tiny(out: Path) -> dict:
     if not {"Attention", "RMSNormalization"} <= set(ops):
         raise RuntimeError(f"export did not produce fused Attention/RMSNormalization nodes: {ops}")
     quantize_int8(root / "target_fp32.onnx", root / "target_int8.onnx")
-    quantize_int4(root / "target_fp32.onnx", root / "target_int4.onnx", block_size=32, accuracy_level=4)
+    # the layout the committed fixtures were made with (symmetric, 4-bit lm_head), not the bundles'
+    quantize_int4(root / "target_fp32.onnx", root / "target_int4.onnx", block_size=32, accuracy_level=4,
+                  symmetric=True, lm_head_bits=4)
     export_decoder(close, root / "draft_close.onnx", max_context=MAX_CONTEXT)
     export_decoder(never, root / "draft_never.onnx", max_context=MAX_CONTEXT)
     np.savez(root / "reference.npz", **reference_arrays(prefixes, contexts, target_logits))

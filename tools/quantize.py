@@ -80,9 +80,10 @@ def quantize_int8(src: str | Path, dst: str | Path, method: str = "nbits", per_c
 
 
 def quantize_int4(src: str | Path, dst: str | Path, block_size: int = 32, accuracy_level: int = 4,
-                  symmetric: bool = True, lm_head_bits: int | None = 4) -> Path:
+                  symmetric: bool = False, lm_head_bits: int | None = 8) -> Path:
     """4-bit block quantization of every MatMul weight into com.microsoft MatMulNBits; the lm_head
-    gets `lm_head_bits` (4, 8 = symmetric 8-bit blocks, None = left fp32)."""
+    gets `lm_head_bits` (4, 8 = symmetric 8-bit blocks, None = left fp32). The defaults are the
+    shipped bundles' layout (zero points, 8-bit lm_head)."""
     return _matmul_nbits(src, dst, 4, block_size, accuracy_level, symmetric, lm_head_bits)
 
 
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--block-size", type=int, default=32)
     ap.add_argument("--accuracy-level", type=int, default=4)
     ap.add_argument("--keep-lm-head-fp32", action="store_true", help="int8 and int4: leave the lm_head fp32")
-    ap.add_argument("--int4-lm-head-bits", type=int, choices=(4, 8), default=8)
+    ap.add_argument("--int4-lm-head-bits", type=int, choices=(4, 8), default=8)  # = quantize_int4's
     ap.add_argument("--int4-symmetric", action="store_true", help="int4 blocks without zero points")
     args = ap.parse_args(argv)
     if args.int8:
