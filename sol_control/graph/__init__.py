@@ -1,0 +1,1 @@
+"""Decoder graphs written from plain weights (no torch)."""

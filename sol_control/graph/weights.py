@@ -1,0 +1,90 @@
+"""A Llama-family decoder as plain arrays: what the graph builder writes an ONNX decoder from.
+
+Importers (an fp32 ONNX bundle, a Hugging Face folder, a GGUF file) produce `LlamaWeights`; the
+builder (`sol_control.graph.llama`) turns them into a decoder graph. No torch: numpy only.
+
+Tensor names are Hugging Face `LlamaForCausalLM` names, linear weights stored [out, in] as in HF:
+
+    model.embed_tokens.weight                    [vocab, hidden]
+    model.layers.{i}.input_layernorm.weight      [hidden]
+    model.layers.{i}.self_attn.q_proj.weight     [n_heads * head_dim, hidden]
+    model.layers.{i}.self_attn.k_proj.weight     [n_kv_heads * head_dim, hidden]
+    model.layers.{i}.self_attn.v_proj.weight     [n_kv_heads * head_dim, hidden]
+    model.layers.{i}.self_attn.o_proj.weight     [hidden, n_heads * head_dim]
+    model.layers.{i}.post_attention_layernorm.weight [hidden]
+    model.layers.{i}.mlp.gate_proj.weight        [intermediate, hidden]
+    model.layers.{i}.mlp.up_proj.weight          [intermediate, hidden]
+    model.layers.{i}.mlp.down_proj.weight        [hidden, intermediate]
+    model.norm.weight                            [hidden]
+    lm_head.weight                               [vocab, hidden]   (absent when tied)
+
+q/k rows are in Hugging Face order (rotate-half rotary), not llama.cpp's interleaved order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    max_context: int = 2048  # positions the model was trained for (the KV cache never holds more)
+    tie_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "n_layers", "n_heads", "n_kv_heads",
+                     "head_dim", "max_context"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"LlamaConfig.{name} must be positive, got {getattr(self, name)}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads {self.n_heads} must be a multiple of n_kv_heads {self.n_kv_heads}")
+
+
+@dataclass(frozen=True)
+class Int4Blocks:
+    """A linear weight W [n_out, k_in] already in ONNX Runtime's `MatMulNBits` 4-bit layout:
+    w[n, k] = (q[n, k] - zero_points[n, k // block]) * scales[n, k // block].
+
+    packed: uint8 [n_out, k_in // block, block // 2], two values a byte, the even k in the low nibble;
+    scales, zero_points: float32 [n_out, k_in // block] (float zero points hold a Q4_1 min exactly).
+    """
+
+    packed: np.ndarray
+    scales: np.ndarray
+    zero_points: np.ndarray
+    block_size: int = 32
+
+    def dequantize(self) -> np.ndarray:
+        """[n_out, k_in] float32: the weight these blocks stand for."""
+        lo = (self.packed & 0x0F).astype(np.float32)
+        hi = (self.packed >> 4).astype(np.float32)
+        q = np.stack([lo, hi], axis=-1).reshape(self.packed.shape[0], self.packed.shape[1], self.block_size)
+        w = (q - self.zero_points[..., None]) * self.scales[..., None]  # [n, blocks, block]
+        return w.reshape(self.packed.shape[0], -1).astype(np.float32)
+
+
+@dataclass
+class LlamaWeights:
+    config: LlamaConfig
+    tensors: dict[str, np.ndarray]  # HF names -> float32 arrays (see the module docstring)
+    int4: dict[str, Int4Blocks] = field(default_factory=dict)  # optional pre-quantized linears, HF names
+
+    def linear(self, name: str) -> np.ndarray:
+        """A linear weight [out, in] in float32, dequantized when only its int4 blocks are held."""
+        if name in self.tensors:
+            return self.tensors[name]
+        return self.int4[name].dequantize()
+
+    @property
+    def lm_head_name(self) -> str:
+        return "model.embed_tokens.weight" if self.config.tie_embeddings else "lm_head.weight"
