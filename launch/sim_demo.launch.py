@@ -39,7 +39,7 @@ def generate_launch_description() -> LaunchDescription:
                               description="Fast DDS XML profile (shared memory + loopback UDP by default)"),
         SetEnvironmentVariable("FASTDDS_DEFAULT_PROFILES_FILE", LaunchConfiguration("dds_profile")),
         Node(package="sol_control", executable="cell_sim", name="cell_sim",
-             parameters=[{"mode": "realtime", "seed": LaunchConfiguration("seed")}], output="screen"),
+             parameters=[{"mode": "realtime", "cell.seed": LaunchConfiguration("seed")}], output="screen"),
         coprocessor("qc", params_file),
         coprocessor("grasp", params_file),
     ])

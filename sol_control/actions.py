@@ -52,6 +52,15 @@ class QCVerdict:
         return {"defect": self.defect, "u": self.u, "v": self.v, "severity": self.severity}
 
 
+@dataclass(frozen=True)
+class FieldValues:
+    """The decoded action fields of a generic (user) task: bins -> value at the bin centre (in the
+    field's unit), categorical -> label. The node publishes only QC and grasp decisions."""
+
+    values: dict[str, Any]
+    confidence: float
+
+
 Action = GraspDecision | QCVerdict
 
 
@@ -64,7 +73,7 @@ def safe_default(task: str) -> Action:
 
 @dataclass
 class ActionTokenizer:
-    task: str  # "qc" | "grasp"
+    task: str  # "qc" | "grasp" | a generic task's name
     fields: tuple[ActionField, ...]
     uncertain_below: float = 0.0  # QC confidence below this -> verdict "uncertain"
     _by_name: dict[str, ActionField] = field(init=False, repr=False)
@@ -73,18 +82,17 @@ class ActionTokenizer:
         self._by_name = {f.name: f for f in self.fields}
 
     @classmethod
-    def from_manifest(cls, manifest: Manifest, *, uncertain_below: float = 0.0) -> "ActionTokenizer":
+    def from_manifest(cls, manifest: Manifest, *, uncertain_below: float = 0.0) -> ActionTokenizer:
+        """QC and grasp bundles must carry exactly their fields; any other task decodes its own
+        fields into FieldValues."""
         names = tuple(f.name for f in manifest.actions)
-        if names == QC_FIELDS:
-            task = "qc"
-        elif names == GRASP_FIELDS:
-            task = "grasp"
-        else:
-            raise ValueError(f"bundle {manifest.name!r}: action fields {names} are neither the QC "
-                             f"fields {QC_FIELDS} nor the grasp fields {GRASP_FIELDS}")
-        if manifest.task in ("qc", "grasp") and manifest.task != task:
-            raise ValueError(f"bundle {manifest.name!r}: task {manifest.task!r} but {task} action fields")
-        return cls(task, tuple(manifest.actions), uncertain_below)
+        if not names:
+            raise ValueError(f"bundle {manifest.name!r} (task {manifest.task!r}) has no action fields")
+        expected = {"qc": QC_FIELDS, "grasp": GRASP_FIELDS}.get(manifest.task)
+        if expected is not None and names != expected:
+            raise ValueError(f"bundle {manifest.name!r}: task {manifest.task!r} needs the action fields "
+                             f"{expected}, got {names}")
+        return cls(manifest.task, tuple(manifest.actions), uncertain_below)
 
     @property
     def n_tokens(self) -> int:
@@ -136,9 +144,11 @@ class ActionTokenizer:
         cat = [p for f, p in zip(self.fields, probs) if f.kind == "categorical"]
         return float(min(cat if cat else probs))
 
-    def decode(self, tokens: Sequence[int], probs: Sequence[float] | None = None) -> Action:
+    def decode(self, tokens: Sequence[int], probs: Sequence[float] | None = None) -> Action | FieldValues:
         values = self._values(tokens)
         confidence = self.confidence(probs)
+        if self.task not in ("qc", "grasp"):
+            return FieldValues(values, confidence)
         if self.task == "qc":
             defect = values["defect"]
             verdict = "pass" if defect == "ok" else "reject"

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 MANIFEST = "manifest.json"
+REFERENCE = "reference.npz"
 FORMAT = "sol_control.bundle/1"
 MAX_MANIFEST_BYTES = 4 * 1024 * 1024
 Precision = Literal["fp32", "int8", "int4"]
@@ -37,12 +38,21 @@ class Vocab(Strict):
     bos: int = 1
     eos: int = 2
     sep: int = 3
-    observation: tuple[int, int]
-    action: tuple[int, int]
+    stop_ids: tuple[int, ...] = ()  # generation stops at any of these (a language model's end tokens)
+    observation: tuple[int, int] | None = None  # observation tokens (policies; absent for a plain LM)
+    action: tuple[int, int] | None = None  # action tokens (policies)
 
     @model_validator(mode="after")
     def _ranges(self) -> "Vocab":
+        for name in ("pad", "bos", "eos", "sep"):
+            if not 0 <= getattr(self, name) < self.size:
+                raise ValueError(f"vocab.{name} must lie in [0, {self.size}), got {getattr(self, name)}")
+        for t in self.stop_ids:
+            if not 0 <= t < self.size:
+                raise ValueError(f"vocab.stop_ids must lie in [0, {self.size}), got {t}")
         for name in ("observation", "action"):
+            if getattr(self, name) is None:
+                continue
             lo, hi = getattr(self, name)
             if not 0 <= lo < hi <= self.size:
                 raise ValueError(f"vocab.{name} range must lie inside [0, {self.size}), got [{lo}, {hi})")
@@ -78,7 +88,7 @@ class DecoderSpec(Strict):
     n_kv_heads: int = Field(gt=0)
     head_dim: int = Field(gt=0)
     hidden_size: int = Field(gt=0)
-    params: int = Field(gt=0)
+    params: int | None = Field(None, gt=0)
     files: dict[Precision, str]  # precision -> file name inside the bundle
 
     @field_validator("files")
@@ -92,9 +102,12 @@ class DecoderSpec(Strict):
 class Manifest(Strict):
     format: Literal["sol_control.bundle/1"] = FORMAT
     name: str
-    task: Literal["qc", "grasp", "fixture"]
+    # "qc" / "grasp": the node's decisions (action fields as actions.py defines them); any other
+    # name is a generic bundle for decoding and benchmarks: "lm" (a plain language model) or a
+    # user's task with its own action fields
+    task: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     description: str = ""
-    max_context: int = Field(gt=0, le=4096)
+    max_context: int = Field(gt=0, le=1 << 20)
     vocab: Vocab
     target: DecoderSpec
     draft: DecoderSpec | None = None
@@ -119,6 +132,8 @@ class Manifest(Strict):
             for prec, fname in (spec.files.items() if spec else ()):
                 if fname not in self.files:
                     raise ValueError(f"{role}.{prec} file {fname!r} is not listed in files (no sha256)")
+        if self.actions and self.vocab.action is None:
+            raise ValueError("action fields need a vocab.action range")
         for f in self.actions:
             hi = f.token_offset + f.size
             lo_a, hi_a = self.vocab.action
@@ -198,6 +213,17 @@ class Bundle:
         import numpy as np
 
         return np.load(self.path(name), allow_pickle=False)
+
+    def reference_prefixes(self) -> list:
+        """The observation prefixes stored with the bundle's parity references (`reference.npz`:
+        ids [N, L] int64 and prefix_len), [] when the bundle has none."""
+        if REFERENCE not in self.manifest.files:
+            return []
+        with self.load_array(REFERENCE) as z:
+            if "ids" not in z.files or "prefix_len" not in z.files:
+                return []
+            n = int(z["prefix_len"])
+            return [row[:n].astype("int64") for row in z["ids"]]
 
 
 def write_manifest(root: str | Path, manifest: dict[str, Any]) -> Manifest:

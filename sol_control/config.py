@@ -1,20 +1,23 @@
 """The node's typed configuration: the single source of truth for ROS parameters, YAML and CLI.
 
-Every field carries a description and its range; `param_specs()` turns the models into the flat,
-dotted ROS parameter names (`deadline.qc_ms`) with descriptors, `from_flat()` builds a validated
-config back from them, `load_yaml()` reads a ROS params file and `apply_overrides()` takes CLI
-`KEY=VALUE` pairs. Invalid values raise ValueError naming the field and the value given.
+Every field carries a description and its range; fields marked `structural` (STRUCTURAL) apply
+at the next configure, when sessions are built. `sol_control.params` turns the models into the
+flat, dotted ROS parameter names (`deadline.qc_ms`); the NodeConfig wrappers at the end
+(`param_specs`, `from_flat`, `apply_overrides`, `load_yaml`, `render_yaml`) are what callers use.
+Invalid values raise ValueError naming the field and the value given.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal
 
-import annotated_types as at
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from sol_control import params
 
 NODE_NAME = "sol_control"
+STRUCT = {"structural": True}  # json_schema_extra of fields that apply at the next configure
+DEFAULT_CAMERA_TO_EJECTOR_M = 0.5  # the simulated cell's geometry; a real line sets its own
 Task = Literal["qc", "grasp"]
 
 
@@ -46,7 +49,7 @@ class DeadlineConfig(Strict):
     sensor_timeout_ms: float = Field(1000.0, gt=0.0, le=600000.0,
                                      description="without a usable frame for this long the node publishes safe "
                                                  "defaults and an ERROR diagnostic (ms)")
-    output_deadline_ms: float = Field(500.0, ge=0.0, le=600000.0,
+    output_deadline_ms: float = Field(500.0, json_schema_extra=STRUCT, ge=0.0, le=600000.0,
                                       description="QoS deadline offered on decision topics; 0 disables (ms)")
 
     def for_task(self, task: Task) -> float:
@@ -54,32 +57,32 @@ class DeadlineConfig(Strict):
 
 
 class DecodingConfig(Strict):
-    fast_precision: Literal["int8", "int4"] = Field("int8", description="target precision of the fast path")
+    fast_precision: Literal["int8", "int4"] = Field("int8", json_schema_extra=STRUCT, description="target precision of the fast path")
     draft_precision: Literal["auto", "fp32", "int8", "int4"] = Field(
-        "auto", description="draft model precision; auto = the smallest file the bundle has for the draft")
-    k: int = Field(0, ge=0, le=16, description="draft tokens per verification; 0 = engine default (adaptive)")
-    relax_delta: int = Field(0, ge=0, le=16,
+        "auto", json_schema_extra=STRUCT, description="draft model precision; auto = the smallest file the bundle has for the draft")
+    k: int = Field(0, json_schema_extra=STRUCT, ge=0, le=16, description="draft tokens per verification; 0 = engine default (adaptive)")
+    relax_delta: int = Field(0, json_schema_extra=STRUCT, ge=0, le=16,
                              description="lossy speed-up: accept a draft bin token within this many bins of the "
                                          "target's choice (0 = exact, output identical to greedy)")
-    threads: int = Field(1, ge=1, le=8, description="ONNX Runtime intra-op threads per session")
+    threads: int = Field(1, json_schema_extra=STRUCT, ge=1, le=8, description="ONNX Runtime intra-op threads per session")
     standard_only: bool = Field(False, description="skip the fast path: every decision from the fp32 planner "
                                                    "(the 'standard' baseline for comparisons)")
-    warmup_runs: int = Field(8, ge=1, le=1000,
+    warmup_runs: int = Field(8, json_schema_extra=STRUCT, ge=1, le=1000,
                              description="decisions run at activation per planner (also seeds the latency model)")
 
 
 class QCConfig(Strict):
-    bundle: str = Field("", description="QC model bundle folder; empty = the shipped models/qc")
+    bundle: str = Field("", json_schema_extra=STRUCT, description="QC model bundle folder; empty = the shipped models/qc")
     min_confidence: float = Field(0.5, ge=0.0, le=1.0,
                                   description="fast-path QC results below this confidence go to full precision")
     uncertain_below: float = Field(0.5, ge=0.0, le=1.0,
                                    description="final QC verdicts below this confidence become 'uncertain'")
-    camera_to_ejector_m: float = Field(0.5, ge=0.0, le=100.0,
+    camera_to_ejector_m: float = Field(DEFAULT_CAMERA_TO_EJECTOR_M, ge=0.0, le=100.0,
                                        description="belt distance from the camera centre to the ejector (m)")
 
 
 class GraspConfig(Strict):
-    bundle: str = Field("", description="grasp model bundle folder; empty = the shipped models/grasp")
+    bundle: str = Field("", json_schema_extra=STRUCT, description="grasp model bundle folder; empty = the shipped models/grasp")
     min_confidence: float = Field(0.3, ge=0.0, le=1.0,
                                   description="fast-path grasps below this confidence go to full precision")
     frame_id: str = Field("pick_table", description="frame of grasp outputs; empty = the image header frame")
@@ -132,8 +135,8 @@ class FaultInjection(Strict):
 
 
 class NodeConfig(Strict):
-    mode: Literal["qc", "grasp", "both"] = Field("both", description="which decisions to make: qc, grasp or both")
-    nice: int = Field(0, ge=-20, le=19,
+    mode: Literal["qc", "grasp", "both"] = Field("both", json_schema_extra=STRUCT, description="which decisions to make: qc, grasp or both")
+    nice: int = Field(0, json_schema_extra=STRUCT, ge=-20, le=19,
                       description="CPU priority (Linux nice) of the node's threads at activation, except the "
                                   "shadow audit (always 19), and of its session when the node leads one and "
                                   "sched_autogroup is in effect (it ranks sessions first); below 0 needs "
@@ -158,10 +161,6 @@ class NodeConfig(Strict):
         return Path(given).expanduser() if given else shipped_bundle(task)
 
 
-# Fields that only take effect at the next configure (sessions are built then).
-STRUCTURAL = ("mode", "nice", "decoding.fast_precision", "decoding.draft_precision", "decoding.threads", "decoding.k",
-              "decoding.relax_delta",
-              "decoding.warmup_runs", "qc.bundle", "grasp.bundle", "deadline.output_deadline_ms")
 
 
 def shipped_bundle(task: Task) -> Path:
@@ -180,137 +179,47 @@ def shipped_bundle(task: Task) -> Path:
     return candidates[0]
 
 
-# -- flat views: ROS parameters, YAML, CLI ------------------------------------------------------
-@dataclass(frozen=True)
-class ParamSpec:
-    name: str  # dotted: "deadline.qc_ms"
-    kind: type  # bool, int, float or str
-    default: Any
-    description: str
-    low: float | None = None
-    high: float | None = None
-    choices: tuple[str, ...] = ()
-
-
-def _bounds(metadata: list[Any]) -> tuple[float | None, float | None]:
-    low = high = None
-    for m in metadata:
-        if isinstance(m, (at.Ge, at.Gt)):
-            low = getattr(m, "ge", None) if isinstance(m, at.Ge) else m.gt
-        if isinstance(m, (at.Le, at.Lt)):
-            high = getattr(m, "le", None) if isinstance(m, at.Le) else m.lt
-    return low, high
-
-
-def param_specs(model: type[BaseModel] = NodeConfig, prefix: str = "") -> list[ParamSpec]:
-    specs: list[ParamSpec] = []
-    for name, field in model.model_fields.items():
-        ann = field.annotation
-        full = f"{prefix}{name}"
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            specs.extend(param_specs(ann, full + "."))
-            continue
-        choices: tuple[str, ...] = ()
-        if get_origin(ann) is Literal:
-            choices, kind = tuple(get_args(ann)), str
-        else:
-            kind = ann
-        low, high = _bounds(field.metadata)
-        desc = field.description or ""
-        if choices:
-            desc += f" (one of: {', '.join(choices)})"
-        specs.append(ParamSpec(full, kind, field.default, desc, low, high, choices))
-    return specs
+# -- flat views (sol_control.params) for NodeConfig ------------------------------------------------
+def param_specs() -> list[params.ParamSpec]:
+    return params.param_specs(NodeConfig)
 
 
 def to_flat(cfg: NodeConfig) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-
-    def walk(d: dict[str, Any], prefix: str) -> None:
-        for k, v in d.items():
-            if isinstance(v, dict):
-                walk(v, f"{prefix}{k}.")
-            else:
-                out[f"{prefix}{k}"] = v
-    walk(cfg.model_dump(), "")
-    return out
-
-
-def _nest(flat: dict[str, Any]) -> dict[str, Any]:
-    nested: dict[str, Any] = {}
-    for key, value in flat.items():
-        node = nested
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-            if not isinstance(node, dict):
-                raise ValueError(f"parameter {key!r}: {p!r} is not a group")
-        node[leaf] = value
-    return nested
-
-
-def _explain(e: ValidationError) -> str:
-    parts = []
-    for err in e.errors():
-        loc = ".".join(str(x) for x in err["loc"]) or "config"
-        parts.append(f"{loc}: {err['msg']} (given {err.get('input')!r})")
-    return "; ".join(parts)
+    return params.to_flat(cfg)
 
 
 def validate(data: dict[str, Any]) -> NodeConfig:
     """Nested dict -> NodeConfig; ValueError names each bad field and the value given."""
-    try:
-        return NodeConfig.model_validate(data)
-    except ValidationError as e:
-        raise ValueError(f"invalid sol_control config: {_explain(e)}") from None
+    return params.validate(NodeConfig, data)
 
 
 def from_flat(flat: dict[str, Any], base: NodeConfig | None = None) -> NodeConfig:
     """Dotted keys (ROS parameter names) -> NodeConfig, on top of `base` (defaults if None)."""
-    merged = to_flat(base) if base is not None else {}
-    merged.update(flat)
-    return validate(_nest(merged))
-
-
-def load_yaml(path: str | Path, node_name: str = NODE_NAME) -> NodeConfig:
-    """Read a ROS 2 params file (`<node>: ros__parameters: {...}` or `/**:`) into a NodeConfig."""
-    import yaml
-
-    text = Path(path).read_text()
-    doc = yaml.safe_load(text) or {}
-    if not isinstance(doc, dict):
-        raise ValueError(f"{path}: a ROS params file must be a mapping, got {type(doc).__name__}")
-    params: dict[str, Any] = {}
-    for key in ("/**", node_name, f"/{node_name}", f"/**/{node_name}"):
-        section = doc.get(key)
-        if isinstance(section, dict):
-            params.update(_flatten_plain(section.get("ros__parameters") or {}))
-    if not params and doc:
-        raise ValueError(f"{path}: no '{node_name}: ros__parameters:' section (keys {sorted(doc)})")
-    return from_flat(params)
-
-
-def _flatten_plain(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten_plain(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
+    return params.from_flat(NodeConfig, flat, base)
 
 
 def apply_overrides(cfg: NodeConfig, pairs: list[str]) -> NodeConfig:
     """CLI `KEY=VALUE` pairs (YAML scalars: 5, 0.5, true, qc) on top of `cfg`."""
-    import yaml
+    return params.apply_overrides(cfg, pairs)
 
-    known = {s.name for s in param_specs()}
-    flat: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        key = key.strip().replace("-", "_")
-        if not sep or key not in known:
-            raise ValueError(f"override {pair!r}: expected KEY=VALUE with KEY one of the parameters "
-                             f"(e.g. deadline.qc_ms=8)")
-        flat[key] = yaml.safe_load(raw) if raw.strip() else ""
-    return from_flat(flat, base=cfg)
+
+def load_yaml(path: str | Path, node_name: str = NODE_NAME) -> NodeConfig:
+    """Read a ROS 2 params file (`<node>: ros__parameters: {...}` or `/**:`) into a NodeConfig."""
+    return params.load_yaml(NodeConfig, path, node_name)
+
+
+YAML_HEADER = """sol_control defaults (ROS 2 params file), generated from sol_control/config.py by
+`python -m sol_control.config > config/sol_control.yaml` (a test fails when it is stale).
+The same names work as ROS parameters (`ros2 param set /sol_control deadline.qc_ms 8.0`),
+here, and as CLI overrides (`--param deadline.qc_ms=8`). Floats need a decimal point."""
+
+
+def render_yaml() -> str:
+    return params.render_yaml(NodeConfig, NODE_NAME, YAML_HEADER)
+
+
+if __name__ == "__main__":
+    print(render_yaml(), end="")
+
+
+STRUCTURAL = params.structural(NodeConfig)

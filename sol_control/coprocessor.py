@@ -4,32 +4,30 @@
         ─► deadline guard: fast | full_precision | safe_default ─► Decision (+ QC eject time)
 
 One `TaskPipeline` per task (qc, grasp), each with its own bundle, sessions and guard. Everything
-heavy (sha256 checks, ONNX sessions, KV caches, warm-up) happens in `Coprocessor.__init__` and
-`warmup()`; `step` only runs models. The live config can be swapped at run time (`set_config`):
-deadlines, thresholds, limits, audit rate and fault injection apply to the next decision.
+the pipeline needs to know about its model comes from the bundle's manifest (special tokens,
+image size, camera calibration, action fields, warm-up prefixes). Everything heavy (sha256 checks,
+ONNX sessions, KV caches, warm-up) happens in `Coprocessor.__init__` and `warmup()`; `step` only
+runs models. The live config can be swapped at run time (`set_config`): deadlines, thresholds,
+limits, audit rate and fault injection apply to the next decision.
 """
 from __future__ import annotations
 
 import math
 import sys
-import threading
 import time
 from dataclasses import replace
 
 import numpy as np
 
 from sol_control.actions import ActionTokenizer, QCVerdict
-from sol_control.budget import Budget
+from sol_control.audit import Auditor
+from sol_control.budget import MONOTONIC, NS_PER_MS, NS_PER_S, Budget, Clock
 from sol_control.bundle import Bundle
 from sol_control.config import NodeConfig, Task
-from sol_control.guard import Auditor, Decision, DeadlineGuard
+from sol_control.decision import Decision
+from sol_control.guard import DeadlineGuard
 from sol_control.planners import FastPlanner, FullPrecisionPlanner
-from sol_control.tasks.common import N_ARM_JOINTS
 from sol_control.telemetry import Conveyor, InputRejected, Telemetry, decode_compressed
-
-NS_PER_S = 1_000_000_000
-NS_PER_MS = 1_000_000
-
 
 # Decision workers share the GIL with whoever else runs Python in the process (the ROS executor's
 # image callbacks and timers, the soak's drivers, the auditor). With the default 5 ms switch interval a
@@ -65,17 +63,16 @@ class TaskPipeline:
         self._config_fn = config_fn
         self.task = task
         self.bundle = Bundle.load(bundle_dir)  # verifies every sha256 before any session exists
+        if self.bundle.manifest.task != task:
+            raise ValueError(f"{task}.bundle {bundle_dir} holds a {self.bundle.manifest.task!r} model, not {task}")
         self.observation = ObservationTokenizer.from_bundle(self.bundle)
         self.actions = ActionTokenizer.from_manifest(self.bundle.manifest)
-        if self.actions.task != task:
-            raise ValueError(f"{task}.bundle {bundle_dir} holds a {self.actions.task} model, not {task}")
         n = self.actions.n_tokens
         self.fast = FastPlanner(self.bundle, n, cfg.decoding, bin_range=self.actions.bin_range)
         self.full = FullPrecisionPlanner(self.bundle, n, cfg.decoding)
         self.auditor = None
         if with_audit:
-            self.auditor = Auditor(FullPrecisionPlanner(self.bundle, n, cfg.decoding, tag="-audit"),
-                                   ActionTokenizer.from_manifest(self.bundle.manifest))
+            self.auditor = Auditor(FullPrecisionPlanner(self.bundle, n, cfg.decoding, tag="-audit"), self.actions)
         self.guard = DeadlineGuard(task, self.fast, self.full, self.actions, config_fn,
                                    audit=self.auditor.submit if self.auditor else None)
 
@@ -86,25 +83,26 @@ class TaskPipeline:
             image = decode_compressed(frame.compressed or b"", frame.compressed_format,
                                       max_pixels=self._config_fn().inputs.max_image_pixels)
         joints = None
-        if self.task == "grasp" and telemetry.joints is not None:
+        n_joints = self.observation.n_joints
+        if n_joints and telemetry.joints is not None:
             q = telemetry.joints.position_rad
-            if len(q) < N_ARM_JOINTS:  # arm joints first; extra entries (gripper fingers) are ignored
-                raise InputRejected("joints_length_mismatch", f"{len(q)} joints, the arm has {N_ARM_JOINTS}")
-            joints = q[:N_ARM_JOINTS]
+            if len(q) < n_joints:  # arm joints first; extra entries (gripper fingers) are ignored
+                raise InputRejected("joints_length_mismatch", f"{len(q)} joints, the model reads {n_joints}")
+            joints = q[:n_joints]
         try:
             return self.observation.encode(image, joints)
         except ValueError as e:
             raise InputRejected("image_unusable", str(e)) from None
 
     def warmup_prefixes(self, n: int) -> list[np.ndarray]:
-        """Prefixes of `n` generated test-split scenes of this task (real parts, varied poses)."""
-        if self.task == "qc":
-            from sol_control.tasks.qc import make_sample
-
-            return [self.observation.encode(make_sample("test", i).image, None) for i in range(n)]
-        from sol_control.tasks.grasp import make_sample
-
-        return [self.observation.encode(s.image, s.joints_rad) for s in (make_sample("test", i) for i in range(n))]
+        """`n` prefixes to warm up on: the bundle's reference prefixes, cycled; for a bundle without
+        them, the prefix of an observation whose every feature sits in its middle bin."""
+        refs = self.bundle.reference_prefixes()
+        if not refs:
+            obs = self.observation
+            refs = [np.asarray(obs.head + [s["offset"] + s["size"] // 2 for s in obs.features] + [obs.sep],
+                               np.int64)]
+        return [refs[i % len(refs)] for i in range(n)]
 
     def close(self) -> None:
         if self.auditor is not None:
@@ -114,9 +112,9 @@ class TaskPipeline:
 class Coprocessor:
     """Loads the bundles for `cfg.mode`; `step` decides one task on one telemetry snapshot."""
 
-    def __init__(self, cfg: NodeConfig):
+    def __init__(self, cfg: NodeConfig, clock: Clock = MONOTONIC):
         self._cfg = cfg
-        self._lock = threading.Lock()
+        self.clock = clock
         with_audit = cfg.audit_rate > 0
         self.pipelines: dict[str, TaskPipeline] = {
             task: TaskPipeline(task, cfg.bundle_dir(task), self.config, with_audit) for task in cfg.tasks}
@@ -134,35 +132,38 @@ class Coprocessor:
 
     # -- run -------------------------------------------------------------------------------------
     def warmup(self, runs: int | None = None) -> dict[str, float]:
-        """Run each pipeline's planners on a blank image so the first live decision is warm; seeds
-        the full-precision latency model. Returns the last full-precision latency per task (ms)."""
+        """Run each pipeline's planners on the bundle's warm-up prefixes so the first live decision
+        is warm; seeds both latency models. Returns the last full-precision latency per task (ms)."""
         runs = runs or self._cfg.decoding.warmup_runs
         out = {}
         for task, p in self.pipelines.items():
             for prefix in p.warmup_prefixes(runs):
-                p.guard.measure_fast(prefix)
-                out[task] = p.guard.measure_full(prefix)
+                p.guard.measure_fast(prefix, Budget.unlimited(self.clock))
+                out[task] = p.guard.measure_full(prefix, Budget.unlimited(self.clock))
         return out
 
     def budget_for(self, task: str, telemetry: Telemetry) -> Budget:
-        return Budget.after_ms(self._cfg.deadline.for_task(task), start_ns=telemetry.frame.start_mono_ns)
+        return Budget.after_ms(self._cfg.deadline.for_task(task), start_ns=telemetry.frame.start_mono_ns,
+                               clock=self.clock)
 
     def step(self, telemetry: Telemetry, budget: Budget | None = None, task: str | None = None) -> Decision:
         """Decide `task` (default: the only configured one) for this snapshot within `budget`
         (default: the task's deadline from the sensor stamp). Raises InputRejected for frames that
-        cannot be decided on (the caller counts them); any other failure becomes a fallback."""
+        cannot be decided on (the caller counts them); any other failure becomes a fallback.
+        `cpu_ms` is this thread's CPU time for the step (ONNX Runtime runs on it with 1 thread)."""
         task = task or self.tasks[0]
         p = self.pipelines[task]
         budget = budget or self.budget_for(task, telemetry)
-        t0 = time.monotonic_ns()
+        cpu0 = time.thread_time_ns()
+        t0 = self.clock.now_ns()
         prefix = p.prefix(telemetry)
-        t1 = time.monotonic_ns()
+        t1 = self.clock.now_ns()
         d = p.guard.decide(prefix, budget, telemetry.stamp_ns, telemetry.frame.frame_id)
         eject = 0
         if task == "qc" and isinstance(d.action, QCVerdict):
             eject = eject_time_ns(telemetry.stamp_ns, telemetry.conveyor, self._cfg.qc.camera_to_ejector_m)
         return replace(d, eject_time_ns=eject, queue_ms=(t0 - budget.start_ns) / NS_PER_MS,
-                       perception_ms=(t1 - t0) / NS_PER_MS)
+                       perception_ms=(t1 - t0) / NS_PER_MS, cpu_ms=(time.thread_time_ns() - cpu0) / NS_PER_MS)
 
     def background_thread_ids(self) -> set[int]:
         return {p.auditor.native_id for p in self.pipelines.values() if p.auditor and p.auditor.native_id}

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .actions import ActionTokenizer, GraspDecision, QCVerdict
+from .actions import ActionTokenizer
 from .bundle import Bundle
 from .decoding import greedy, open_decoder, speculate
 from .perception import ObservationTokenizer

@@ -2,9 +2,8 @@
 
 Prefill dominates a decision's latency, so the prefix is short (~20 tokens) and made of binned,
 engineered features instead of image patches:
-1. segment the part/object from the known background colour (QC: the belt colour scaled by the
-   image's border median; grasp: a plane fitted per channel to the border, which absorbs lighting
-   gradients);
+1. segment the part/object from the background (QC: the median colour of the image border, the
+   belt; grasp: a plane fitted per channel to the border, which absorbs lighting gradients);
 2. measure it: sub-pixel centroid and principal axis from (soft-coverage) image moments, extents,
    area, min-area-rect fill, solidity, hole count; QC also line evidence (morphological black/top
    hat: scratches, cracks) and chroma deviation (discoloration), with their locations;
@@ -21,12 +20,6 @@ from typing import Any
 
 import cv2
 import numpy as np
-
-from .tasks.common import (BELT_RGB, GRASP_IMAGE_PX, GRASP_PX_PER_M, N_ARM_JOINTS, QC_IMAGE_PX, grasp_px_to_m,
-                           wrap_half_pi)
-
-BOS, EOS, SEP = 1, 2, 3
-FIRST_OBS_TOKEN = 4
 
 # name, size, low, high, scale. Integer-valued features use low=-0.5, high=size-0.5.
 QC_FEATURES = (
@@ -60,21 +53,7 @@ GRASP_FEATURES = (
     ("area_m2", 32, 4e-4, 8e-3, "log"),
     ("rect_fill", 16, 0.6, 1.0, "linear"),
     ("solidity", 16, 0.7, 1.0, "linear"),
-) + tuple((f"joint{i}", 16, -math.pi, math.pi, "linear") for i in range(N_ARM_JOINTS))
-
-
-def feature_config(task: str) -> dict[str, Any]:
-    """Default `observation` dict for a bundle manifest (token offsets assigned in order)."""
-    specs = QC_FEATURES if task == "qc" else GRASP_FEATURES if task == "grasp" else None
-    if specs is None:
-        raise ValueError(f"task must be 'qc' or 'grasp', got {task!r}")
-    feats, off = [], FIRST_OBS_TOKEN
-    for name, size, low, high, scale in specs:
-        feats.append({"name": name, "offset": off, "size": size, "low": low, "high": high, "scale": scale})
-        off += size
-    return {"kind": "binned_features/1", "task": task,
-            "image_px": QC_IMAGE_PX if task == "qc" else GRASP_IMAGE_PX, "features": feats,
-            "token_range": [FIRST_OBS_TOKEN, off], "prefix_len": len(feats) + 2}
+) + tuple((f"joint{i}", 16, -math.pi, math.pi, "linear") for i in range(6))  # 6 arm joints
 
 
 def square_resize(image: np.ndarray, size_px: int) -> np.ndarray:
@@ -204,9 +183,9 @@ def qc_features(image: np.ndarray) -> dict[str, float]:
     return f
 
 
-def grasp_features(image: np.ndarray, joints_rad: np.ndarray) -> dict[str, float]:
-    """Engineered features of the largest object on the pick table [192, 192, 3] uint8 + joints."""
-    img = image.astype(np.float32)
+def _table_difference(img: np.ndarray) -> np.ndarray:
+    """Per-pixel max channel difference from the table: a plane fitted per channel to the border
+    (absorbs lighting gradients). img [n, n, 3] float32 -> [n, n]."""
     n = img.shape[0]
     yy, xx = np.mgrid[0:n, 0:n].astype(np.float32)
     k = 3
@@ -215,16 +194,30 @@ def grasp_features(image: np.ndarray, joints_rad: np.ndarray) -> dict[str, float
     design = np.stack([xx[bmask] / n, yy[bmask] / n, np.ones(bmask.sum(), np.float32)], 1)  # [B, 3]
     coef, *_ = np.linalg.lstsq(design, img[bmask], rcond=None)  # [3, 3] plane per channel
     bg = xx[..., None] / n * coef[0] + yy[..., None] / n * coef[1] + coef[2]
-    diff = _channel_max(np.abs(img - bg))
-    mask = (diff > 40).astype(np.uint8)
-    mask = cv2.morphologyEx(mask, cv2.MORPH_OPEN, _ellipse(3))
-    n_lab, lab, stats, _ = cv2.connectedComponentsWithStats(mask, connectivity=8)
-    areas = stats[1:, cv2.CC_STAT_AREA]
-    keep = [i + 1 for i, a in enumerate(areas) if a >= 40]
+    return _channel_max(np.abs(img - bg))
+
+
+def _largest_object(diff: np.ndarray) -> tuple[np.ndarray, int]:
+    """Mask [n, n] uint8 of the largest object and the number of objects (>= 40 px each)."""
+    mask = cv2.morphologyEx((diff > 40).astype(np.uint8), cv2.MORPH_OPEN, _ellipse(3))
+    _, lab, stats, _ = cv2.connectedComponentsWithStats(mask, connectivity=8)
+    keep = [i + 1 for i, a in enumerate(stats[1:, cv2.CC_STAT_AREA]) if a >= 40]
     if not keep:
         raise ValueError("grasp image: no object found (nothing differs from the table colour)")
     target = max(keep, key=lambda i: stats[i, cv2.CC_STAT_AREA])
-    obj = (lab == target).astype(np.uint8)
+    return (lab == target).astype(np.uint8), len(keep)
+
+
+def grasp_features(image: np.ndarray, joints_rad: np.ndarray | None, px_per_m: float,
+                   n_joints: int) -> dict[str, float]:
+    """Engineered features of the largest object on the pick table [n, n, 3] uint8 + joints.
+    Orthographic top-down camera: the image centre is the table frame's origin, x = +u, y = -v,
+    `px_per_m` pixels per metre."""
+    img = image.astype(np.float32)
+    n = img.shape[0]
+    diff = _table_difference(img)
+    obj, n_objects = _largest_object(diff)
+    yy, xx = np.mgrid[0:n, 0:n].astype(np.float32)
     region = cv2.dilate(obj, _ellipse(5)) > 0
     contrast = float(np.median(diff[obj > 0]))
     w = np.where(region, np.clip(diff / max(contrast, 1.0), 0.0, 1.0), 0.0)  # soft coverage
@@ -232,9 +225,8 @@ def grasp_features(image: np.ndarray, joints_rad: np.ndarray) -> dict[str, float
     cu, cv_ = float((w * (xx + 0.5)).sum() / m00), float((w * (yy + 0.5)).sum() / m00)
     du, dv = xx + 0.5 - cu, yy + 0.5 - cv_
     mu20, mu02, mu11 = (w * du * du).sum() / m00, (w * dv * dv).sum() / m00, (w * du * dv).sum() / m00
-    # image v points down: the axis angle in pick_table (y up) flips sign
+    # image v points down: the axis angle in the table frame (y up) flips sign
     axis_img = 0.5 * math.atan2(2 * mu11, mu20 - mu02)
-    axis = wrap_half_pi(-axis_img)
     common = math.sqrt(max(((mu20 - mu02) / 2) ** 2 + mu11 ** 2, 0.0))
     l1, l2 = (mu20 + mu02) / 2 + common, (mu20 + mu02) / 2 - common
     contours, _ = cv2.findContours(obj, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_NONE)
@@ -245,18 +237,25 @@ def grasp_features(image: np.ndarray, joints_rad: np.ndarray) -> dict[str, float
     major_px = float(np.ptp(rel @ np.array([ca, sa], np.float32))) - 0.5
     (_, _), (rw, rh), _ = cv2.minAreaRect(outer)
     hull = cv2.contourArea(cv2.convexHull(outer))
-    x_m, y_m = grasp_px_to_m(cu, cv_)
-    joints = np.zeros(N_ARM_JOINTS) if joints_rad is None else np.asarray(joints_rad, np.float64).reshape(-1)
-    if joints.shape[0] != N_ARM_JOINTS or not np.all(np.isfinite(joints)):
-        raise ValueError(f"joints_rad must be {N_ARM_JOINTS} finite values, got {joints.tolist()}")
-    f = {"n_objects": len(keep), "x": x_m, "y": y_m, "axis": axis,
-         "aspect": math.sqrt(max(l1, 1e-9) / max(l2, 1e-9)),
-         "minor_m": minor_px / GRASP_PX_PER_M, "major_m": major_px / GRASP_PX_PER_M,
-         "area_m2": m00 / GRASP_PX_PER_M ** 2, "rect_fill": m00 / max(rw * rh, 1.0),
+    f = {"n_objects": n_objects, "x": (cu - n / 2) / px_per_m, "y": (n / 2 - cv_) / px_per_m,
+         "axis": wrap_half_pi(-axis_img), "aspect": math.sqrt(max(l1, 1e-9) / max(l2, 1e-9)),
+         "minor_m": minor_px / px_per_m, "major_m": major_px / px_per_m,
+         "area_m2": m00 / px_per_m ** 2, "rect_fill": m00 / max(rw * rh, 1.0),
          "solidity": cv2.contourArea(outer) / max(hull, 1.0)}
-    for i in range(N_ARM_JOINTS):
-        f[f"joint{i}"] = float((joints[i] + math.pi) % (2 * math.pi) - math.pi)
+    f.update(_joint_features(joints_rad, n_joints))
     return f
+
+
+def _joint_features(joints_rad: np.ndarray | None, n_joints: int) -> dict[str, float]:
+    joints = np.zeros(n_joints) if joints_rad is None else np.asarray(joints_rad, np.float64).reshape(-1)
+    if joints.shape[0] != n_joints or not np.all(np.isfinite(joints)):
+        raise ValueError(f"joints_rad must be {n_joints} finite values, got {joints.tolist()}")
+    return {f"joint{i}": float((joints[i] + math.pi) % (2 * math.pi) - math.pi) for i in range(n_joints)}
+
+
+def wrap_half_pi(angle_rad: float) -> float:
+    """Wrap an axis angle (pi-periodic) to [-pi/2, pi/2)."""
+    return (angle_rad + math.pi / 2) % math.pi - math.pi / 2
 
 
 def bin_feature(value: float, spec: dict) -> int:
@@ -270,9 +269,14 @@ def bin_feature(value: float, spec: dict) -> int:
 
 
 class ObservationTokenizer:
-    """Image (+ joints) -> prefix ids [BOS, f_1 .. f_n, SEP] (int64), n fixed per bundle."""
+    """Image (+ joints) -> prefix ids [BOS, static..., f_1 .. f_n, SEP] (int64), n fixed per bundle.
 
-    def __init__(self, config: dict[str, Any]):
+    Everything comes from the bundle: the feature set and bins (`observation`), the camera
+    calibration (`observation.camera.px_per_m`: orthographic, image centre = the task frame's
+    origin), the tokens that never change between frames (`observation.static_prefix`, placed first
+    so their KV cache is reused across frames) and the special ids (`vocab.bos`, `vocab.sep`)."""
+
+    def __init__(self, config: dict[str, Any], bos: int, sep: int):
         if config.get("kind") != "binned_features/1" or config.get("task") not in ("qc", "grasp"):
             raise ValueError(f"observation config: unsupported kind/task "
                              f"{config.get('kind')!r}/{config.get('task')!r}")
@@ -284,18 +288,27 @@ class ObservationTokenizer:
         for spec in self.features:
             if spec["name"] not in known:
                 raise ValueError(f"observation config: unknown {self.task} feature {spec['name']!r}")
-        self.prefix_len = len(self.features) + 2
+        self.px_per_m = float(config.get("camera", {}).get("px_per_m", 0.0))
+        if self.task == "grasp" and not self.px_per_m > 0:
+            raise ValueError(f"observation config: camera.px_per_m must be positive, got {config.get('camera')!r}")
+        self.n_joints = sum(1 for spec in self.features if spec["name"].startswith("joint"))
+        self.head = [int(bos)] + [int(t) for t in config.get("static_prefix", ())]
+        self.sep = int(sep)
+        self.prefix_len = len(self.head) + len(self.features) + 1
 
     @classmethod
-    def from_bundle(cls, bundle) -> "ObservationTokenizer":
-        return cls(bundle.manifest.observation)
+    def from_bundle(cls, bundle) -> ObservationTokenizer:
+        m = bundle.manifest
+        return cls(m.observation, m.vocab.bos, m.vocab.sep)
 
     def measure(self, image_rgb: np.ndarray, joints_rad: np.ndarray | None = None) -> dict[str, float]:
         img = square_resize(image_rgb, self.image_px)
-        return qc_features(img) if self.task == "qc" else grasp_features(img, joints_rad)
+        if self.task == "qc":
+            return qc_features(img)
+        return grasp_features(img, joints_rad, self.px_per_m, self.n_joints)
 
     def tokens_from_features(self, f: dict[str, float]) -> np.ndarray:
-        ids = [BOS] + [bin_feature(float(f[s["name"]]), s) for s in self.features] + [SEP]
+        ids = self.head + [bin_feature(float(f[s["name"]]), s) for s in self.features] + [self.sep]
         return np.asarray(ids, np.int64)
 
     def encode(self, image_rgb: np.ndarray, joints_rad: np.ndarray | None = None) -> np.ndarray:

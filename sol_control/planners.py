@@ -1,27 +1,23 @@
-"""The three planners the deadline guard chooses between.
+"""The two planners the deadline guard chooses between (the third answer, the safe default, needs
+no model: `actions.safe_default`).
 
 - fast: the quantized target (int8 or int4) verifies what a small draft proposes (speculative
-  decoding), under the budget the guard hands it;
-- full_precision: the same target in fp32, plain greedy decoding: slower, the reference;
-- safe default: no model at all (grasp: hold; QC: divert to manual inspection).
+  decoding), under the budget the guard hands it; greedy on the quantized target without a draft;
+- full precision: the same target in fp32, plain greedy decoding: slower, the reference.
 
 A planner turns prefix ids into action tokens; it knows nothing about deadlines beyond the budget
 it is given, and nothing about ROS. Sessions and KV caches are created once, here, at configure time.
 """
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from sol_control.actions import Action, safe_default
-from sol_control.budget import Budget
+from sol_control.budget import NS_PER_MS, Budget
 from sol_control.bundle import Bundle
 from sol_control.config import DecodingConfig, FaultInjection
-
-NS_PER_MS = 1_000_000
 
 
 class InjectedFault(RuntimeError):
@@ -33,20 +29,14 @@ class PlanResult:
     tokens: list[int]
     probs: list[float]
     complete: bool  # False: the budget ran out before all action tokens were decoded
-    latency_ms: float
+    latency_ms: float  # on the budget's clock
     stats: Any = None  # decoding.DecodeStats
-    extra: dict[str, float] = field(default_factory=dict)
 
     @property
     def acceptance(self) -> float:
         s = self.stats
         proposed = getattr(s, "proposed", 0) if s is not None else 0
         return (s.accepted / proposed) if proposed else float("nan")
-
-
-def _sleep_in_budget(delay_ms: float) -> None:
-    if delay_ms > 0:
-        time.sleep(delay_ms / 1000.0)
 
 
 def _session(bundle: Bundle, role: str, precision: str, dec: DecodingConfig, tag: str):
@@ -63,13 +53,18 @@ def _draft_precision(bundle: Bundle, wanted: str) -> str:
     return min(files, key=lambda prec: bundle.manifest.files[files[prec]].size_bytes)
 
 
+def _result(r, n_tokens: int, budget: Budget, t0_ns: int) -> PlanResult:
+    complete = bool(r.complete) and len(r.tokens) == n_tokens
+    return PlanResult(list(r.tokens), list(r.probs), complete, (budget.clock.now_ns() - t0_ns) / NS_PER_MS, r.stats)
+
+
 class FastPlanner:
     """Quantized target + draft, speculative. Without a draft in the bundle: greedy on the quantized target."""
 
-    source = "fast"
-
     def __init__(self, bundle: Bundle, n_tokens: int, dec: DecodingConfig,
                  bin_range: tuple[int, int] | None = None):
+        from sol_control.decoding import AdaptiveK
+
         self.n_tokens = n_tokens
         self.k = dec.k or None
         self.relax_delta = dec.relax_delta
@@ -78,16 +73,14 @@ class FastPlanner:
         self.draft = None
         if bundle.manifest.draft is not None:
             self.draft = _session(bundle, "draft", _draft_precision(bundle, dec.draft_precision), dec, "")
-        from sol_control.decoding import AdaptiveK
-
         self.controller = AdaptiveK()  # k adapts across decisions, not only within one
 
     def plan(self, prefix: np.ndarray, budget: Budget, faults: FaultInjection | None = None) -> PlanResult:
         from sol_control.decoding import greedy, speculate
 
-        t0 = time.monotonic_ns()
+        t0 = budget.clock.now_ns()
         if faults is not None:
-            _sleep_in_budget(faults.fast_delay_ms)
+            budget.clock.sleep_ms(faults.fast_delay_ms)
             if faults.fast_raise:
                 raise InjectedFault("fault_injection.fast_raise")
         if self.draft is None:
@@ -96,14 +89,11 @@ class FastPlanner:
             relax = self.relax_delta if self.bin_range is not None else 0
             r = speculate(self.draft, self.target, prefix, self.n_tokens, budget=budget, k=self.k,
                           controller=self.controller, relax_delta=relax, relax_range=self.bin_range)
-        complete = bool(r.complete) and len(r.tokens) == self.n_tokens
-        return PlanResult(list(r.tokens), list(r.probs), complete, (time.monotonic_ns() - t0) / NS_PER_MS, r.stats)
+        return _result(r, self.n_tokens, budget, t0)
 
 
 class FullPrecisionPlanner:
     """fp32 target, plain greedy decoding."""
-
-    source = "full_precision"
 
     def __init__(self, bundle: Bundle, n_tokens: int, dec: DecodingConfig, tag: str = ""):
         self.n_tokens = n_tokens
@@ -112,19 +102,8 @@ class FullPrecisionPlanner:
     def plan(self, prefix: np.ndarray, budget: Budget, faults: FaultInjection | None = None) -> PlanResult:
         from sol_control.decoding import greedy
 
-        t0 = time.monotonic_ns()
+        t0 = budget.clock.now_ns()
         if faults is not None:
-            _sleep_in_budget(faults.full_delay_ms)
+            budget.clock.sleep_ms(faults.full_delay_ms)
         r = greedy(self.target, prefix, self.n_tokens, budget=budget)
-        complete = bool(r.complete) and len(r.tokens) == self.n_tokens
-        return PlanResult(list(r.tokens), list(r.probs), complete, (time.monotonic_ns() - t0) / NS_PER_MS, r.stats)
-
-
-class SafeDefaultPlanner:
-    source = "safe_default"
-
-    def __init__(self, task: str):
-        self.task = task
-
-    def plan(self) -> Action:
-        return safe_default(self.task)
+        return _result(r, self.n_tokens, budget, t0)

@@ -8,11 +8,12 @@ clock); `start_mono_ns` is that same instant on time.monotonic_ns(), which budge
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import numpy as np
+
+from sol_control.budget import MONOTONIC, NS_PER_MS, Clock
 
 T = TypeVar("T")
 
@@ -66,7 +67,8 @@ class Telemetry:
 class LatestSlot(Generic[T]):
     """Depth-1 mailbox: `put` replaces, `take` empties, `peek` reads without emptying."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = MONOTONIC) -> None:
+        self._clock = clock
         self._lock = threading.Lock()
         self._ready = threading.Condition(self._lock)
         self._value: T | None = None
@@ -80,7 +82,7 @@ class LatestSlot(Generic[T]):
             if self._value is not None:
                 self.superseded += 1
             self._value = value
-            self._put_mono_ns = arrived_mono_ns or time.monotonic_ns()
+            self._put_mono_ns = arrived_mono_ns or self._clock.now_ns()
             self.puts += 1
             self._ready.notify()
 
@@ -96,7 +98,7 @@ class LatestSlot(Generic[T]):
         with self._lock:
             if self._value is None:
                 return None
-            if max_age_ms is not None and (time.monotonic_ns() - self._put_mono_ns) > max_age_ms * 1e6:
+            if max_age_ms is not None and (self._clock.now_ns() - self._put_mono_ns) > max_age_ms * NS_PER_MS:
                 return None
             return self._value
 
@@ -111,12 +113,12 @@ class LatestSlot(Generic[T]):
 
 class TelemetrySlots:
     """One slot per side stream; `snapshot(frame)` pairs a frame with the fresh ones. (Frames have
-    their own slot per worker.)"""
+    their own slot per task, in its runner.)"""
 
-    def __init__(self) -> None:
-        self.joints: LatestSlot[Joints] = LatestSlot()
-        self.wrench: LatestSlot[Wrench] = LatestSlot()
-        self.conveyor: LatestSlot[Conveyor] = LatestSlot()
+    def __init__(self, clock: Clock = MONOTONIC) -> None:
+        self.joints: LatestSlot[Joints] = LatestSlot(clock)
+        self.wrench: LatestSlot[Wrench] = LatestSlot(clock)
+        self.conveyor: LatestSlot[Conveyor] = LatestSlot(clock)
 
     def snapshot(self, frame: Frame, max_age_ms: float) -> Telemetry:
         return Telemetry(frame, self.joints.peek(max_age_ms), self.wrench.peek(max_age_ms),

@@ -5,10 +5,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sol_control.actions import (ActionTokenizer, GraspDecision, QCVerdict, limit_violations, safe_default)
+from sol_control.actions import ActionTokenizer, GraspDecision, QCVerdict, limit_violations, safe_default
 from sol_control.bundle import Manifest
 from sol_control.config import LimitsConfig
-from sol_control.tasks.common import (ACTION_BINS, GRASP_FIELDS, GRASP_RANGES, QC_DEFECTS, QC_RANGES)
+from sol_control.tasks.common import ACTION_BINS, GRASP_FIELDS, GRASP_RANGES, QC_DEFECTS, QC_RANGES
 from tests.conftest import MODELS
 
 SHA = "0" * 64
@@ -82,8 +82,19 @@ def test_out_of_range_and_wrong_length_raise(qc, grasp):
 
 def test_mismatched_fields_are_refused():
     m = task_manifest("qc")
-    with pytest.raises(ValueError, match="neither"):
+    with pytest.raises(ValueError, match="task 'qc' needs the action fields"):
         ActionTokenizer.from_manifest(m.model_copy(update={"actions": m.actions[:2]}))
+
+
+def test_a_generic_task_decodes_its_own_fields():
+    """A user's task (any name but qc / grasp) keeps its own action fields; they decode to values."""
+    m = task_manifest("qc")
+    tok = ActionTokenizer.from_manifest(m.model_copy(update={"task": "sorter", "actions": m.actions[:2]}))
+    out = tok.decode([m.actions[0].token_offset + 2, m.actions[1].token_offset + 128], [0.9, 0.8])
+    assert out.values == {"defect": m.actions[0].labels[2], "u": pytest.approx(128.5 / 256)}
+    assert out.confidence == 0.9  # the categorical field's probability
+    with pytest.raises(ValueError, match="no action fields"):
+        ActionTokenizer.from_manifest(m.model_copy(update={"task": "lm", "actions": ()}))
 
 
 finite = st.floats(allow_nan=False, allow_infinity=False, min_value=-10, max_value=10)

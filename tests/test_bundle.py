@@ -100,3 +100,37 @@ def test_cli_describes_a_good_bundle(capsys):
     assert cli(["bundle", str(FIXTURES / "tiny")]) == 0
     out = capsys.readouterr().out
     assert "target fp32" in out and "match their sha256" in out
+
+
+def test_a_plain_language_model_bundle_needs_no_task_fields(copy, tmp_path):
+    """A generic bundle (task "lm"): no observation or action vocabulary, no parameter count, stop
+    ids instead of one eos. It loads, its decoders open, and the decoding benchmark runs on it."""
+    def edit(d):
+        d["task"] = "lm"
+        d["observation"], d["actions"] = {}, []
+        for key in ("observation", "action"):
+            d["vocab"].pop(key)
+        d["vocab"]["stop_ids"] = [2, 5]
+        d["target"].pop("params")
+        d["draft"].pop("params")
+    _edit_manifest(copy, edit)
+    b = Bundle.load(copy)
+    assert b.manifest.task == "lm" and b.manifest.vocab.stop_ids == (2, 5) and b.manifest.vocab.action is None
+    from sol_control.decoding import greedy, open_decoder
+
+    assert len(greedy(open_decoder(b, "target", "int4"), [1, 7, 9], 5).tokens) == 5
+    out = tmp_path / "bench.json"
+    assert cli(["bench", "decode", "--bundle", str(copy), "--decisions", "2", "--rounds", "1",
+                "--new-tokens", "6", "--json", str(out)]) == 0
+    rep = json.loads(out.read_text())
+    assert rep["task"] == "lm" and rep["speculative_lossless"]
+
+
+def test_manifest_task_names_and_stop_ids_are_checked(copy):
+    for task, err in (("", "task"), ("../x", "task")):
+        _edit_manifest(copy, lambda d: d.update(task=task))
+        with pytest.raises(ValueError, match=err):
+            Bundle.load(copy)
+    _edit_manifest(copy, lambda d: d.update(task="lm") or d["vocab"].update(stop_ids=[9999]))
+    with pytest.raises(ValueError, match="stop_ids"):
+        Bundle.load(copy)

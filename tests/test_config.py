@@ -4,13 +4,42 @@ import math
 import pytest
 import yaml
 
-from sol_control.config import (NodeConfig, apply_overrides, from_flat, load_yaml, param_specs, to_flat,
-                                validate)
+from sol_control.config import (STRUCTURAL, NodeConfig, apply_overrides, from_flat, load_yaml, param_specs,
+                                render_yaml, to_flat, validate)
 from tests.conftest import REPO
 
 
 def test_defaults_file_matches_pydantic_defaults():
     assert load_yaml(REPO / "config" / "sol_control.yaml") == NodeConfig()
+
+
+def test_defaults_file_is_generated_from_the_config():
+    """config/sol_control.yaml is `python -m sol_control.config` output: regenerate it when the config
+    changes (descriptions, ranges and defaults included)."""
+    assert (REPO / "config" / "sol_control.yaml").read_text() == render_yaml()
+
+
+def test_advertised_ranges_admit_only_valid_values():
+    """ROS ranges are inclusive: both advertised ends must be values the config accepts, and an
+    exclusive bound is moved to the nearest valid value (and said so in the description)."""
+    for s in param_specs():
+        if s.kind not in (int, float):
+            continue
+        for end in (s.low, s.high):
+            flat = {s.name: s.kind(end)}
+            if s.name.startswith("limits."):  # a bound alone; its pair follows (they must stay ordered)
+                pair = s.name.replace("_min_", "_max_") if "_min_" in s.name else s.name.replace("_max_", "_min_")
+                flat[pair] = s.kind(end)
+            assert from_flat(flat).model_dump() is not None, s.name
+    qc = {s.name: s for s in param_specs()}["deadline.qc_ms"]
+    assert 0.0 < qc.low < 1e-300 and qc.range_text == "(0.0, 60000.0]"
+    with pytest.raises(ValueError, match="deadline.qc_ms"):
+        from_flat({"deadline.qc_ms": 0.0})
+
+
+def test_structural_fields_are_marked_on_the_field():
+    assert {"mode", "decoding.fast_precision", "qc.bundle", "deadline.output_deadline_ms"} <= set(STRUCTURAL)
+    assert "deadline.qc_ms" not in STRUCTURAL and all(s in {p.name for p in param_specs()} for s in STRUCTURAL)
 
 
 def test_every_leaf_field_is_a_described_parameter_with_range():

@@ -8,7 +8,7 @@ import cv2
 import numpy as np
 import pytest
 
-from sol_control.budget import Budget
+from sol_control.budget import Budget, ManualClock
 from sol_control.config import from_flat
 from sol_control.coprocessor import Coprocessor, eject_time_ns
 from sol_control.telemetry import Conveyor, Frame, InputRejected, LatestSlot, Telemetry, decode_compressed
@@ -28,17 +28,18 @@ def test_eject_time():
 
 
 def test_latest_slot_keeps_only_the_newest():
-    slot: LatestSlot[int] = LatestSlot()
+    clock = ManualClock()
+    slot: LatestSlot[int] = LatestSlot(clock)
     for i in range(5):
         slot.put(i)
     assert slot.superseded == 4 and slot.peek() == 4
     assert slot.take() == 4 and slot.take() is None
     slot.put(7)
-    time.sleep(0.02)
-    assert slot.peek(max_age_ms=5.0) is None and slot.peek(max_age_ms=5000.0) == 7
+    clock.advance_ms(20.0)
+    assert slot.peek(max_age_ms=19.9) is None and slot.peek(max_age_ms=20.0) == 7
     # a polled sample ages from when it arrived, not from when it was taken
-    slot.put(8, arrived_mono_ns=time.monotonic_ns() - 50_000_000)
-    assert slot.peek(max_age_ms=40.0) is None and slot.peek(max_age_ms=60.0) == 8
+    slot.put(8, arrived_mono_ns=clock.now_ns() - 50_000_000)
+    assert slot.peek(max_age_ms=49.9) is None and slot.peek(max_age_ms=50.0) == 8
 
 
 def test_latest_slot_wakes_a_waiting_taker():

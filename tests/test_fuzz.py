@@ -7,14 +7,13 @@ the checks past the first one. Example counts are kept small enough for 2 shared
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import FIXTURES, REPO, bundle_dir
+from tests.conftest import FIXTURES, bundle_dir
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SLOW = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -172,8 +171,7 @@ def test_joint_state_conversion(pos, vel, names, sec, nanosec):
 @FAST
 @given(st.lists(floats_any, min_size=6, max_size=6))
 def test_wrench_conversion(values):
-    from sol_control.ros.convert import wrench_from_ros
-    from sol_control.ros.convert import wrench_to_ros
+    from sol_control.ros.convert import wrench_from_ros, wrench_to_ros
     from sol_control.telemetry import Wrench
 
     msg = wrench_to_ros(Wrench(np.array(values[:3]), np.array(values[3:]), 1))

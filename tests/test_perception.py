@@ -7,14 +7,14 @@ import cv2
 import numpy as np
 import pytest
 
-from sol_control.perception import (BOS, SEP, ObservationTokenizer, feature_config, grasp_features,
-                                    qc_features)
+from sol_control.perception import ObservationTokenizer, grasp_features, qc_features
 from sol_control.tasks import common, grasp, qc
+from sol_control.tasks.common import BOS, SEP, feature_config
 
 
 @pytest.fixture(scope="module", params=["qc", "grasp"])
 def tok(request) -> ObservationTokenizer:
-    return ObservationTokenizer(feature_config(request.param))
+    return ObservationTokenizer(feature_config(request.param), BOS, SEP)
 
 
 def _sample(task: str, i: int):
@@ -62,14 +62,14 @@ def test_unusable_images_raise(tok):
 def test_grasp_measurements_match_the_geometry():
     for i in range(25):
         s = grasp.make_sample("test", i)
-        f = grasp_features(s.image, s.joints_rad)
+        f = grasp_features(s.image, s.joints_rad, common.GRASP_PX_PER_M, common.N_ARM_JOINTS)
         assert math.hypot(f["x"] - s.label["x"], f["y"] - s.label["y"]) < 0.001  # sub-pixel (1.25 mm px)
         if s.scene.objects[s.target_index].shape != "cylinder":
             d = abs((f["axis"] - s.label["yaw"] + math.pi / 2) % math.pi - math.pi / 2)
             assert d < math.radians(2.0)
         assert f["n_objects"] == len(s.scene.objects)
     with pytest.raises(ValueError, match="joints_rad"):
-        grasp_features(s.image, np.zeros(3))
+        grasp_features(s.image, np.zeros(3), common.GRASP_PX_PER_M, common.N_ARM_JOINTS)
 
 
 def test_qc_measurements_see_holes_and_cracks():
@@ -88,9 +88,28 @@ def test_qc_measurements_see_holes_and_cracks():
 def test_config_errors():
     cfg = feature_config("qc")
     with pytest.raises(ValueError, match="unsupported"):
-        ObservationTokenizer({**cfg, "kind": "patches"})
+        ObservationTokenizer({**cfg, "kind": "patches"}, BOS, SEP)
     with pytest.raises(ValueError, match="unknown qc feature"):
         ObservationTokenizer({**cfg, "features": cfg["features"] + [{"name": "x", "offset": 999, "size": 2,
-                                                                    "low": 0, "high": 1}]})
+                                                                    "low": 0, "high": 1}]}, BOS, SEP)
+    with pytest.raises(ValueError, match="px_per_m"):
+        ObservationTokenizer({**feature_config("grasp"), "camera": {}}, BOS, SEP)
     with pytest.raises(ValueError, match="task"):
         feature_config("sort")
+
+
+def test_the_manifest_decides_special_tokens_static_prefix_and_calibration():
+    """Nothing the tokenizer emits is hard-coded: special ids, a static head and the camera's
+    scale all come from the bundle's manifest."""
+    s = grasp.make_sample("test", 2)
+    base = ObservationTokenizer(feature_config("grasp"), BOS, SEP)
+    ids = base.encode(s.image, s.joints_rad)
+    cfg = {**feature_config("grasp"), "static_prefix": [7, 8, 9]}
+    other = ObservationTokenizer(cfg, 5, 6).encode(s.image, s.joints_rad)
+    assert list(other[:4]) == [5, 7, 8, 9] and other[-1] == 6 and list(other[4:-1]) == list(ids[1:-1])
+    # a camera with twice the pixels per metre sees the same object at half the distance
+    twice = {**feature_config("grasp"), "camera": {"px_per_m": 2 * common.GRASP_PX_PER_M}}
+    f1 = base.measure(s.image, s.joints_rad)
+    f2 = ObservationTokenizer(twice, BOS, SEP).measure(s.image, s.joints_rad)
+    assert f2["x"] == pytest.approx(f1["x"] / 2) and f2["minor_m"] == pytest.approx(f1["minor_m"] / 2)
+    assert base.n_joints == common.N_ARM_JOINTS

@@ -532,7 +532,7 @@ def test_manifest_swapped_between_bundles_is_refused(tmp_path):
     from sol_control.coprocessor import Coprocessor
 
     cfg = from_flat({"mode": "grasp", "grasp.bundle": str(QC_BUNDLE), "audit_rate": 0.0})
-    with pytest.raises(ValueError, match="holds a qc model, not grasp"):
+    with pytest.raises(ValueError, match="holds a .qc. model, not grasp"):
         Coprocessor(cfg)
 
 
@@ -624,7 +624,8 @@ def test_nice_moves_every_thread_but_the_audit_and_only_an_own_session(tmp_path,
     a node alone in its session sets it too, and a node sharing one (here: pytest's) leaves it. Where
     the node's session has no group of its own (no such kernel feature, or the default group a
     container's init session sits in, as pytest's may in CI) the node must not claim to have set it."""
-    from sol_control.ros.node import AUTOGROUP, _autogroup_in_effect
+    from sol_control.priority import AUTOGROUP
+    from sol_control.priority import autogroup_in_effect as _autogroup_in_effect
 
     ours = Path(AUTOGROUP).read_text().split() if _autogroup_in_effect() else []
     node = NodeProcess(DOMAIN_NODE + 10 + own_session, {**NODE_PARAMS, "nice": 5, "audit_rate": 0.05},
@@ -648,7 +649,7 @@ def test_nice_moves_every_thread_but_the_audit_and_only_an_own_session(tmp_path,
 def test_autogroup_counts_only_when_it_names_a_group(tmp_path):
     """A session left in the kernel's default group (a container's init session, as in CI) reads an
     empty autogroup file whose nice cannot be set: the node must neither write nor report it there."""
-    from sol_control.ros.node import _autogroup_in_effect
+    from sol_control.priority import autogroup_in_effect as _autogroup_in_effect
 
     (tmp_path / "empty").write_text("")
     (tmp_path / "group").write_text("/autogroup-207 nice 0\n")

@@ -99,22 +99,22 @@ def test_impossible_deadline_gives_safe_default(h):
         assert v["deadline_met"] == "false"
     finally:
         set_params(h, deadline__qc_ms=300.0)
-    assert decide_one(h, 3)["source"] != "safe_default" or True  # the node recovers (decides again)
+    assert decide_one(h, 3)["source"] != "safe_default"  # with its deadline back, the node decides again
 
 
 def test_stalled_planner_is_answered_by_the_watchdog_at_the_deadline(h):
     assert all(r.successful for r in set_params(h, deadline__qc_ms=150.0, fault_injection__fast_delay_ms=1500.0))
     try:
-        before, discarded = h.count("qc"), h.node._watchdog.discarded
+        watchdog = h.node.runners["qc"].watchdog
+        before, discarded = h.count("qc"), watchdog.discarded
         stamp = now_ns(h.client)
         publish_good(h, 2, stamp)
         assert wait_for(lambda: any(kv(m)["stamp"] == str(stamp) for m in h.messages("qc")[before:]), 5.0)
         v = next(kv(m) for m in h.messages("qc")[before:] if kv(m)["stamp"] == str(stamp))
         assert v["source"] == "safe_default" and v["reason"] == "watchdog", v
         assert float(v["latency_ms"]) < 1500.0  # answered long before the stalled planner returned
-        assert wait_for(lambda: h.node._watchdog.discarded > discarded, 5.0)  # it returned; its answer was dropped
+        assert wait_for(lambda: watchdog.discarded > discarded, 5.0)  # it returned; its answer was dropped
         time.sleep(0.1)
-        assert sum(kv(m)["stamp"] == str(stamp) for m in h.messages("qc")[before:]) == 1
         assert sum(kv(m)["stamp"] == str(stamp) for m in h.messages("qc")[before:]) == 1
     finally:
         set_params(h, deadline__qc_ms=300.0, fault_injection__fast_delay_ms=0.0)
@@ -260,6 +260,9 @@ def test_bad_runtime_parameter_is_refused_with_reason_over_ros(h):
 
 def test_diagnostics_report_latency_rejections_and_deadline_misses(h):
     decide_one(h, 0)
+    stale = h.node.stats.rejected_count("stale")
+    publish_good(h, 1, now_ns(h.client) - 5_000_000_000)  # 5 s old: rejected and counted
+    assert wait_for(lambda: h.node.stats.rejected_count("stale") > stale, 5.0)
     time.sleep(1.5)  # > output_deadline_ms of silence: the node's offered deadline is missed
     msgs = h.messages("diagnostics")
     assert msgs
@@ -268,7 +271,8 @@ def test_diagnostics_report_latency_rejections_and_deadline_misses(h):
     qc = by_name["sol_control: qc"]
     assert float(qc["latency_p50_ms"]) > 0 and int(qc["decisions"]) > 0 and 0 <= float(qc["deadline_hit_rate"]) <= 1
     node = by_name["sol_control: node"]
-    assert node["state"] == "active" and int(node["rejected_inputs"]) >= 0
+    assert node["state"] == "active" and int(node["rejected.stale"]) > stale
+    assert int(node["rejected_inputs"]) >= int(node["rejected.stale"])
     assert wait_for(lambda: h.node.stats.offered_deadline_missed > 0, 3.0)
 
 
@@ -431,8 +435,14 @@ def test_mono_and_padded_rows():
 
 
 def test_joints_wrench_conveyor_round_trip():
-    from sol_control.ros.convert import (conveyor_from_ros, conveyor_to_ros, joints_from_ros, joints_to_ros,
-                                         wrench_from_ros, wrench_to_ros)
+    from sol_control.ros.convert import (
+        conveyor_from_ros,
+        conveyor_to_ros,
+        joints_from_ros,
+        joints_to_ros,
+        wrench_from_ros,
+        wrench_to_ros,
+    )
     from sol_control.telemetry import Conveyor, Joints, Wrench
 
     j = Joints(("a", "b"), np.array([0.1, -0.2]), np.array([0.0, 1.0]), 5)
@@ -447,10 +457,10 @@ def test_joints_wrench_conveyor_round_trip():
 
 def test_decisions_round_trip_through_status():
     from sol_control.actions import GraspDecision, QCVerdict, safe_default
-    from sol_control.guard import Decision
-    from sol_control.ros.convert import (decision_from_status, decision_to_status, grasp_from_ros, grasp_to_ros)
+    from sol_control.decision import Decision, Failure
+    from sol_control.ros.convert import decision_from_status, decision_to_status, grasp_from_ros, grasp_to_ros
 
-    qc = Decision("qc", QCVerdict("crack", "reject", 0.25, 0.75, 0.5, 0.875), "fast", "", 3.25, 10.0, True,
+    qc = Decision("qc", QCVerdict("crack", "reject", 0.25, 0.75, 0.5, 0.875), "fast", 3.25, 10.0, True,
                   123456789, "qc_camera", eject_time_ns=987654321)
     s = decision_to_status(qc)
     assert s.level == b"\x02" and s.message == "reject: crack"
@@ -459,16 +469,26 @@ def test_decisions_round_trip_through_status():
     assert back.eject_time_ns == qc.eject_time_ns and back.deadline_met and back.latency_ms == pytest.approx(3.25)
     g = GraspDecision(0.01, -0.02, 0.03, 0.4, 0.05, 20.0, ((0.01, -0.02, 0.15), (0.01, -0.02, 0.09),
                                                            (0.01, -0.02, 0.05)), 0.75)
-    d = Decision("grasp", g, "full_precision", "fast_low_confidence", 8.0, 10.0, True, 55, "grasp_camera")
+    d = Decision("grasp", g, "full_precision", 8.0, 10.0, True, 55, "grasp_camera",
+                 fast_failure=Failure("fast_low_confidence"))
     s = decision_to_status(d)
     assert s.level == b"\x00" and decision_from_status(s).action == g
+    assert decision_from_status(s).fast_failure == Failure("fast_low_confidence")
+    both = Decision("qc", safe_default("qc"), "safe_default", 9.0, 10.0, True, 58, "",
+                    fast_failure=Failure("fast_error", "ValueError"), full_failure=Failure("full_precision_would_miss"))
+    kv = {v.key: v.value for v in decision_to_status(both).values}
+    assert kv["reason"] == "fast_error:ValueError>full_precision_would_miss"  # the readable published form
+    back = decision_from_status(decision_to_status(both))
+    assert (back.fast_failure, back.full_failure) == (both.fast_failure, both.full_failure)
     m = grasp_to_ros(g, 55, "pick_table")
     g2 = grasp_from_ros(m, confidence=0.75)
     assert g2.yaw_rad == pytest.approx(g.yaw_rad) and g2.approach_m == g.approach_m and g2.width_m == g.width_m
-    hold = Decision("grasp", safe_default("grasp"), "safe_default", "no_budget", 12.0, 10.0, False, 56, "")
+    hold = Decision("grasp", safe_default("grasp"), "safe_default", 12.0, 10.0, False, 56, "",
+                    fast_failure=Failure("no_budget"))
     s = decision_to_status(hold)
     assert s.level == b"\x01" and decision_from_status(s).action.hold
-    unsure = Decision("qc", safe_default("qc"), "safe_default", "no_budget", 12.0, 10.0, False, 57, "")
+    unsure = Decision("qc", safe_default("qc"), "safe_default", 12.0, 10.0, False, 57, "",
+                      fast_failure=Failure("no_budget"))
     assert decision_to_status(unsure).level == b"\x01"
 
 
@@ -559,17 +579,19 @@ def test_node_stats_count_sources_fallbacks_and_safe_defaults():
     from rclpy.time import Time
 
     from sol_control.actions import QCVerdict, safe_default
-    from sol_control.guard import Decision
+    from sol_control.decision import Decision, Failure
     from sol_control.ros.diagnostics import NodeStats
 
     st = NodeStats()
     ok = QCVerdict("ok", "pass", 0.5, 0.5, 0.0, 0.9)
     for _ in range(97):
-        st.record(Decision("qc", ok, "fast", "", 4.0, 10.0, True, 1, acceptance=0.8))
-    st.record(Decision("qc", ok, "full_precision", "fast_error:InjectedFault", 9.0, 10.0, True, 1))
-    st.record(Decision("qc", safe_default("qc"), "safe_default", "fast_over_budget>full_precision_would_miss",
-                       11.0, 10.0, False, 1))
-    st.record(Decision("qc", safe_default("qc"), "safe_default", "no_budget", 12.0, 10.0, False, 1))
+        st.record(Decision("qc", ok, "fast", 4.0, 10.0, True, 1, acceptance=0.8))
+    st.record(Decision("qc", ok, "full_precision", 9.0, 10.0, True, 1,
+                       fast_failure=Failure("fast_error", "InjectedFault")))
+    st.record(Decision("qc", safe_default("qc"), "safe_default", 11.0, 10.0, False, 1,
+                       fast_failure=Failure("fast_over_budget"), full_failure=Failure("full_precision_would_miss")))
+    st.record(Decision("qc", safe_default("qc"), "safe_default", 12.0, 10.0, False, 1,
+                       fast_failure=Failure("no_budget")))
     st.reject("stale")
     st.reject("stale")
     msg = st.to_msg(Time().to_msg(), "active", "", {"qc": {"audited": 3}}, superseded=5)

@@ -30,8 +30,9 @@ sys.path.insert(0, str(ROOT))
 
 from sol_control.actions import ActionTokenizer  # noqa: E402
 from sol_control.bundle import ActionField  # noqa: E402
-from sol_control.perception import ObservationTokenizer, feature_config  # noqa: E402
+from sol_control.perception import ObservationTokenizer  # noqa: E402
 from sol_control.tasks import common, grasp, qc  # noqa: E402
+from sol_control.tasks.common import BOS, EOS, SEP, feature_config  # noqa: E402
 
 WORK = ROOT / ".work"
 TASKS = {"qc": qc, "grasp": grasp}
@@ -66,7 +67,7 @@ def layout(task: str) -> dict:
                                unit=unit, low=low, high=high, tolerance=tol))
         a1 = a0 + common.ACTION_BINS
     size = int(math.ceil(a1 / 16) * 16)
-    vocab = {"size": size, "pad": 0, "bos": 1, "eos": 2, "sep": 3, "observation": list(obs["token_range"]),
+    vocab = {"size": size, "pad": 0, "bos": BOS, "eos": EOS, "sep": SEP, "observation": list(obs["token_range"]),
              "action": [a0, a1]}
     return {"vocab": vocab, "observation": obs, "actions": fields}
 
@@ -78,7 +79,8 @@ def action_tokenizer(task: str) -> ActionTokenizer:
 # ---- datasets ------------------------------------------------------------------------------------
 def _one(args: tuple[str, str, int]) -> tuple[np.ndarray, list[int]] | None:
     task, split, index = args
-    lay = _LAYOUT_CACHE.setdefault(task, (ObservationTokenizer(layout(task)["observation"]), action_tokenizer(task)))
+    lay = _LAYOUT_CACHE.setdefault(task, (ObservationTokenizer(layout(task)["observation"], BOS, SEP),
+                                             action_tokenizer(task)))
     obs_tok, act_tok = lay
     s = TASKS[task].make_sample(split, index)
     try:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,8 +74,8 @@ def _agreement(outputs: list[list[int]], reference: list[list[int]]) -> float:
 
 
 def decision_prefixes(bundle: Bundle, n: int, seed: int = 0) -> list[np.ndarray]:
-    """Observation prefixes for real decisions (test split) when the bundle has a task generator;
-    random observation tokens otherwise (fixtures)."""
+    """Observation prefixes for real decisions (test split) for QC and grasp bundles; random
+    observation tokens (any tokens for a plain LM) for other bundles."""
     m = bundle.manifest
     if m.task in ("qc", "grasp"):
         from ..eval import encode_scenes, scenes  # numpy + OpenCV only
@@ -85,7 +84,7 @@ def decision_prefixes(bundle: Bundle, n: int, seed: int = 0) -> list[np.ndarray]
         prefixes, _ = encode_scenes(ObservationTokenizer.from_bundle(bundle), scenes(m.task, "test", n, start=seed))
         return [p for p in prefixes if p is not None]
     rng = np.random.default_rng(seed)
-    lo, hi = m.vocab.observation
+    lo, hi = m.vocab.observation or (0, m.vocab.size)  # a plain LM: any token
     length = max(4, min(24, m.max_context // 4))
     return [np.concatenate([[m.vocab.bos], rng.integers(lo, hi, length), [m.vocab.sep]]).astype(np.int64)
             for _ in range(n)]

@@ -27,9 +27,8 @@ from collections import Counter
 from pathlib import Path
 
 from sol_control.bench.common import REPO, pct, table
+from sol_control.budget import NS_PER_MS
 from sol_control.config import NodeConfig, apply_overrides, to_flat
-
-NS_PER_MS = 1_000_000
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

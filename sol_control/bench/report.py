@@ -22,7 +22,7 @@ import numpy as np
 from ..bundle import Bundle
 from ..decoding import AdaptiveK, greedy, open_decoder, speculate
 from . import decode_bench
-from .common import REPO, default_bundle, pct, progress, table
+from .common import default_bundle, pct, progress, table
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,29 +1,29 @@
 """`sol-control soak --minutes N [--rate-x 3] [--json PATH]`: a long run of the co-processor core.
 
 What runs: the ROS-free `Coprocessor` in this process (real bundles, real ONNX Runtime sessions,
-the real deadline guard, the shadow auditor if `audit_rate` > 0), fed like the node's workers: one
-thread per task; frames arrive on a fixed clock at `rate_x` x the nominal 30 Hz camera rate; each
-frame's budget starts at its arrival; when a decision runs long, the frames that arrived meanwhile
-are dropped and only the newest is decided (latest-value semantics, `frames_skipped`). Each decision
-is relabelled right before it is recorded, as the node does before publishing (`guard.on_time_or_safe`:
-a late answer becomes the safe default). Not here: DDS (see `sol-control bench node`) and the
-node's watchdog (a decision still running at its deadline is recorded when it returns), so the
-figures isolate the core: memory, misses, latency drift.
+the real deadline guard, the shadow auditor if `audit_rate` > 0) behind the node's own worker
+loop, one `runner.TaskRunner` per task (watchdog included); frames arrive on a fixed clock at
+`rate_x` x the nominal 30 Hz camera rate; each frame's budget starts at its arrival; when a
+decision runs long, the frames that arrived meanwhile are superseded and only the newest is decided
+(latest-value semantics, `frames_skipped`). Each decision is relabelled right before it is
+recorded, as the node does before publishing (`decision.on_time_or_safe`: a late answer becomes
+the safe default). Not here: DDS (see `sol-control bench node`), so the figures isolate the core:
+memory, misses, latency drift.
 
 Memory: resident set size (VmRSS) once a second; `rss_growth_mb` = median of the last 5 samples
 minus the median of the first 5 after warm-up (the first 20 % of the run, 5..60 s). Recording is
 allocation-free after warm-up (fixed latency histograms, one reused window buffer).
 Misses: every decision carries `deadline_met`; the soak re-measures each decision's latency itself
-(arrival -> step returned). `unlabelled_misses` = decisions that say `deadline_met=true` although the
+(arrival -> handed to the publish callback). `unlabelled_misses` = decisions that say `deadline_met=true` although the
 soak measured them later than deadline + publish_margin_ms + label_tolerance_ms (5 ms: a loaded
-machine may preempt the thread between the guard's label and the return), plus decisions that
-raised out of `step`. Reported alongside: `late_after_label` (beyond the publish margin alone),
+machine may preempt the thread between the runner's label and the record), plus decisions whose
+step raised (the runner publishes them as `internal_error` safe defaults and counts them). Reported alongside: `late_after_label` (beyond the publish margin alone),
 `label_lag_*` (measured - labelled latency) and `late_not_safe_default` (labelled late, but from the
 fast or full-precision planner: its last ONNX Runtime call ran past the deadline).
 p99 stability: p99 per window (10 s); `p99_drift_ms` = p99 of the last third of the windows minus
 p99 of the first third (after warm-up). Wall-clock p99 also moves with the machine's load, so each
-window also records this thread's own CPU time per decision (`cpu_ms_per_decision`, `cpu_drift`
-as a fraction) and the 1-minute load average (`load_1min`): a p99 drift with flat CPU per decision
+window also records the deciding thread's own CPU time per decision (`Decision.cpu_ms`:
+`cpu_ms_per_decision`, `cpu_drift` as a fraction) and the 1-minute load average (`load_1min`): a p99 drift with flat CPU per decision
 and a rising load is the machine, not the co-processor.
 
 Pass (exit 0): rss_growth_mb < 5, unlabelled_misses == 0, p99_drift_ms <= max(2, 25 % of the
@@ -42,9 +42,9 @@ from pathlib import Path
 
 import numpy as np
 
+from sol_control.budget import NS_PER_MS, NS_PER_S
+
 NOMINAL_HZ = 30.0
-NS_PER_MS = 1_000_000
-NS_PER_S = 1_000_000_000
 HIST_BIN_MS = 0.01
 HIST_BINS = 200_000  # 0 .. 2 s in 10 us bins; later decisions land in the last bin
 POOL = 32  # distinct test-split scenes per task, cycled
@@ -77,14 +77,16 @@ def _pool(task: str, n: int) -> list[tuple[np.ndarray, np.ndarray | None]]:
     return [(s.image, s.joints_rad) for s in (make_sample("test", i) for i in range(n))]
 
 
-def _telemetry(image: np.ndarray, joints_rad: np.ndarray | None, stamp_ns: int, start_ns: int):
-    from sol_control.telemetry import Frame, Joints, Telemetry
+def _frame(image: np.ndarray, stamp_ns: int, start_ns: int):
+    from sol_control.telemetry import Frame
 
-    joints = None
-    if joints_rad is not None:
-        joints = Joints(tuple(f"joint{i + 1}" for i in range(len(joints_rad))), joints_rad,
-                        np.zeros(0), stamp_ns)
-    return Telemetry(Frame(image, stamp_ns, start_ns, "soak_camera"), joints=joints)
+    return Frame(image, stamp_ns, start_ns, "soak_camera")
+
+
+def _joints(joints_rad: np.ndarray, stamp_ns: int):
+    from sol_control.telemetry import Joints
+
+    return Joints(tuple(f"joint{i + 1}" for i in range(len(joints_rad))), joints_rad, np.zeros(0), stamp_ns)
 
 
 def rss_mb() -> float:
@@ -181,59 +183,74 @@ def _config(args: argparse.Namespace):
 
 
 class Driver:
-    """One task's worker, as in the node: frames arrive every `period_ns`; when the previous decision
-    ran long, the frames that arrived meanwhile are superseded and only the newest is decided. The
-    decision is relabelled right before it is "published" (`on_time_or_safe`, as the node does)."""
+    """One task, fed like the node's runner: a camera ticks every `period_ns` and offers each frame
+    to the task's TaskRunner (the node's worker loop, watchdog included); its depth-1 slot keeps only
+    the newest frame, so frames that arrive while a decision runs are superseded (`skipped`). The
+    runner relabels each decision right before it is "published", here: recorded."""
 
     def __init__(self, cop, task: str, record: TaskRecord, pool: list, period_ns: int, t0: int, warmup_ns: int,
                  window_ns: int, end_ns: int):
-        self.cop, self.task, self.record, self.pool = cop, task, record, pool
+        from sol_control.runner import CountingHooks, TaskRunner
+        from sol_control.telemetry import TelemetrySlots
+
+        self.task, self.record, self.pool = task, record, pool
         self.period_ns, self.t0, self.warmup_ns, self.window_ns, self.end_ns = period_ns, t0, warmup_ns, window_ns, end_ns
-        self.ticks = self.decided = self.skipped = self.rejected = self.failed = 0
-        self.cpu_ms_per_decision: list[float] = []  # per window: this thread's own CPU per decision
+        self.hooks = CountingHooks()
+        self.slots = TelemetrySlots()
+        self.runner = TaskRunner(task, cop, self.slots, self._on_decision, self.hooks)
+        self.ticks = self.decided = 0
+        self.cpu_ms_per_decision: list[float] = []  # per window: the runner thread's CPU per decision
         self.load_1min: list[float] = []
-        self.thread = threading.Thread(target=self._run, name=f"soak-{task}", daemon=True)
+        self._lock = threading.Lock()  # the runner and its watchdog both publish
+        self._next_window = t0 + warmup_ns + window_ns
+        self._window_cpu_ms: list[float] = []
+        self.thread = threading.Thread(target=self._feed, name=f"soak-{task}", daemon=True)
 
-    def _run(self) -> None:
-        from sol_control.guard import on_time_or_safe
-        from sol_control.telemetry import InputRejected
+    @property
+    def skipped(self) -> int:
+        return self.runner.frames.superseded
 
-        next_tick, next_window = self.t0, self.t0 + self.warmup_ns + self.window_ns
-        cpu0, n0 = None, 0
-        while True:
-            now = time.monotonic_ns()
-            if now >= self.end_ns:
-                return
-            if now < next_tick:
-                time.sleep((next_tick - now) / NS_PER_S)
-                continue
-            behind = (now - next_tick) // self.period_ns  # latest value: older frames are superseded
-            self.skipped += behind
-            arrival = next_tick + behind * self.period_ns
-            next_tick = arrival + self.period_ns
-            self.ticks += behind + 1
-            image, joints = self.pool[self.decided % POOL]
-            try:
-                d = self.cop.step(_telemetry(image, joints, stamp_ns=arrival, start_ns=arrival), task=self.task)
-                d = on_time_or_safe(d, margin_ms=self.cop.config().deadline.publish_margin_ms)  # as the node does
-            except InputRejected:
-                self.rejected += 1  # the node counts these and publishes nothing: not a miss
-                continue
-            except Exception:  # noqa: BLE001 - the node would publish a safe default; here: a failure
-                self.failed += 1
-                continue
-            measured_ms = (time.monotonic_ns() - arrival) / NS_PER_MS
+    @property
+    def rejected(self) -> int:
+        return sum(self.hooks.rejected.values())
+
+    @property
+    def failed(self) -> int:
+        return self.hooks.errors
+
+    def _feed(self) -> None:
+        self.runner.start()
+        try:
+            next_tick = self.t0
+            while (now := time.monotonic_ns()) < self.end_ns:
+                if now < next_tick:
+                    time.sleep((next_tick - now) / NS_PER_S)
+                    continue
+                image, joints = self.pool[self.ticks % POOL]
+                if joints is not None:  # the newest joint state, as the node's side stream gives it
+                    self.slots.joints.put(_joints(joints, next_tick))
+                self.runner.offer(_frame(image, stamp_ns=next_tick, start_ns=next_tick))
+                self.ticks += 1
+                next_tick += self.period_ns
+        finally:
+            self.runner.stop()
+
+    def _on_decision(self, d) -> None:
+        now = time.monotonic_ns()
+        measured_ms = (now - d.start_mono_ns) / NS_PER_MS
+        with self._lock:
             self.decided += 1
             self.record.add(d.latency_ms, measured_ms, d.deadline_ms, d.deadline_met, d.source, d.reason,
-                            record=arrival - self.t0 >= self.warmup_ns)
-            if now >= next_window:
+                            record=d.start_mono_ns - self.t0 >= self.warmup_ns)
+            if d.start_mono_ns - self.t0 >= self.warmup_ns and math.isfinite(d.cpu_ms):
+                self._window_cpu_ms.append(d.cpu_ms)
+            if now >= self._next_window:
                 self.record.close_window((now - self.t0) / NS_PER_S)
-                cpu = time.thread_time_ns()  # this thread runs perception, the guard and ONNX Runtime
-                if cpu0 is not None:
-                    self.cpu_ms_per_decision.append((cpu - cpu0) / NS_PER_MS / max(self.record.decisions - n0, 1))
+                if self._window_cpu_ms:
+                    self.cpu_ms_per_decision.append(float(np.mean(self._window_cpu_ms)))
                     self.load_1min.append(os.getloadavg()[0])
-                cpu0, n0 = cpu, self.record.decisions
-                next_window += self.window_ns
+                self._window_cpu_ms = []
+                self._next_window += self.window_ns
 
 
 def soak(args: argparse.Namespace) -> dict:
@@ -270,8 +287,7 @@ def soak(args: argparse.Namespace) -> dict:
         wall_s = (time.monotonic_ns() - t0) / NS_PER_S
     finally:
         cop.close()
-    res = _report(cfg, args, records, rss_series, warmup_s, wall_s, drivers)
-    return res
+    return _report(cfg, args, records, rss_series, warmup_s, wall_s, drivers)
 
 
 def _drift(series: list[float]) -> float:

@@ -54,6 +54,26 @@ def _fast_binding(session: ort.InferenceSession, io: ort.IOBinding):
                 lambda: session.run_with_iobinding(io))
 
 
+# Ops that quantize activations: a token's logits then depend on whether it shares its pass
+# (one-row and many-row kernels round differently; fp32 rows differ by ~1e-6, which does not move
+# an argmax in practice, quantized rows by enough to flip tokens).
+QUANTIZED_OPS = {"MatMulNBits", "MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat",
+                 "QLinearMatMul", "QuantizeLinear", "DynamicQuantizeLinear", "GatherBlockQuantized"}
+
+
+def exact_step_tokens(path: str | Path) -> int:
+    """The exactness rule: 2 for a graph with quantized activations (a single new token is run
+    together with the previous one, so plain decoding uses the same numeric path as speculative
+    verification and the two agree token for token), 1 otherwise. Read from the graph itself."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    ops = {n.op_type for n in model.graph.node}
+    for fn in model.functions:
+        ops |= {n.op_type for n in fn.node}
+    return 2 if ops & QUANTIZED_OPS else 1
+
+
 def _check_signature(sess: ort.InferenceSession, where: str) -> tuple[int, int, int, int, bool]:
     """Validate the decoder-with-past signature; return (n_layers, kv_heads, head_dim, vocab, has_pos)."""
     inputs = {i.name: i for i in sess.get_inputs()}
@@ -105,7 +125,7 @@ class DecoderSession:
     """A causal decoder with a preallocated KV cache of `max_context` positions (batch 1)."""
 
     def __init__(self, path: str | Path, max_context: int, threads: int = 1, name: str = "",
-                 max_step_tokens: int = 128, min_step_tokens: int = 1):
+                 max_step_tokens: int = 128, min_step_tokens: int | None = None):
         self.name = name or Path(path).stem
         self.path = Path(path)
         try:
@@ -119,13 +139,11 @@ class DecoderSession:
             raise ValueError(f"max_context must be positive, got {max_context}")
         self.max_context = max_context
         self.max_step_tokens = min(max_step_tokens, max_context)
+        if min_step_tokens is None:
+            min_step_tokens = exact_step_tokens(path)
         if min_step_tokens not in (1, 2):
             raise ValueError(f"min_step_tokens must be 1 or 2, got {min_step_tokens}")
-        # Quantized graphs (int8 activations) give a token slightly different logits when it is
-        # alone in a pass than when it shares one. With 2, a single new token is run together with
-        # the previous one (its cached row is recomputed), so plain decoding uses the same numeric
-        # path as speculative verification and the two agree token for token.
-        self.min_step_tokens = min_step_tokens
+        self.min_step_tokens = min_step_tokens  # 2 = exact mode (see exact_step_tokens)
         C, H, D, n_kv = max_context, self.n_heads, self.head_dim, 2 * self.n_layers
         self._kv = np.zeros((2, n_kv, H * C * D), np.float32)  # [buffer, tensor, H*C*D]
         self._logits = np.zeros(self.max_step_tokens * self.vocab, np.float32)
@@ -235,14 +253,14 @@ class DecoderSession:
 
 def open_decoder(bundle, role: str, precision: str, threads: int = 1, name: str = "",
                  max_context: int | None = None) -> DecoderSession:
-    """A session for one decoder of a verified bundle (sha256 checked before ORT sees the file).
-    Quantized targets run in exact mode (min_step_tokens=2) so speculative == plain decoding.
-    `max_context` overrides the manifest's KV length (benchmarks only: rotary positions work at any
-    length, but the model never saw sequences past the manifest's `max_context`)."""
+    """A session for one decoder of a verified bundle (sha256 checked before ORT sees the file),
+    with the session's own exactness rule for targets (`exact_step_tokens`; a draft only proposes). `max_context` overrides the
+    manifest's KV length (benchmarks only: rotary positions work at any length, but the model
+    never saw sequences past the manifest's `max_context`)."""
     path = bundle.decoder_path(role, precision)
     sess = DecoderSession(path, max_context or bundle.manifest.max_context, threads=threads,
                           name=name or f"{role}_{precision}",
-                          min_step_tokens=1 if precision == "fp32" or role == "draft" else 2)
+                          min_step_tokens=1 if role == "draft" else None)  # a draft only proposes
     if sess.vocab != bundle.manifest.vocab.size:
         raise ValueError(f"{path}: logits have {sess.vocab} entries, manifest vocab.size is "
                          f"{bundle.manifest.vocab.size}")

@@ -20,10 +20,10 @@ from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import Header
 
 from sol_control.actions import GraspDecision, QCVerdict
-from sol_control.guard import STAGE_FIELDS, Decision
+from sol_control.budget import NS_PER_S
+from sol_control.decision import STAGE_FIELDS, Decision, Failure
 from sol_control.telemetry import Conveyor, InputRejected, Joints, Wrench, compressed_kind
 
-NS_PER_S = 1_000_000_000
 CHANNELS = {"rgb8": 3, "bgr8": 3, "mono8": 1, "rgba8": 4, "bgra8": 4}
 GRIPPER_JOINT = "sol_control_gripper"
 LEVEL = {"pass": DiagnosticStatus.OK, "uncertain": DiagnosticStatus.WARN, "reject": DiagnosticStatus.ERROR}
@@ -240,8 +240,10 @@ def _decision_from_kv(name: str, kv: dict[str, str]) -> Decision:
         approach = tuple(tuple(float(c) for c in p.split(",")) for p in kv["approach"].split(";") if p)
         action = GraspDecision(float(kv["x"]), float(kv["y"]), float(kv["z"]), float(kv["yaw"]),
                                float(kv["width"]), float(kv["force"]), approach, conf, hold=kv["hold"] == "true")
-    return Decision(task, action, kv["source"], kv["reason"], float(kv["latency_ms"]), float(kv["deadline_ms"]),
+    fast_failure, _, full_failure = kv["reason"].partition(">")
+    return Decision(task, action, kv["source"], float(kv["latency_ms"]), float(kv["deadline_ms"]),
                     kv["deadline_met"] == "true", int(kv["stamp"]), kv["frame_id"],
+                    fast_failure=Failure.parse(fast_failure), full_failure=Failure.parse(full_failure),
                     eject_time_ns=int(kv.get("eject_time", "0")),
                     **{k: float(kv.get(k, "nan")) for k in STAGE_FIELDS})
 

@@ -15,7 +15,7 @@ from collections import Counter, deque
 import numpy as np
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 
-from sol_control.guard import Decision
+from sol_control.decision import Decision
 
 WINDOW = 2000  # decisions kept per task for percentiles
 
@@ -53,11 +53,10 @@ class NodeStats:
             t.sources[d.source] += 1
             if math.isfinite(d.acceptance):
                 t.acceptance.append(d.acceptance)
-            if d.source != "fast" and d.reason:
-                first, _, last = d.reason.partition(">")
-                t.fallbacks[first.split(":")[0]] += 1
+            if d.source != "fast" and d.fast_failure is not None:
+                t.fallbacks[d.fast_failure.key] += 1
                 if d.source == "safe_default":
-                    t.safe_defaults[(last or first).split(":")[0]] += 1
+                    t.safe_defaults[(d.full_failure or d.fast_failure).key] += 1
 
     def reject(self, reason: str) -> None:
         with self._lock:

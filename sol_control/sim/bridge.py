@@ -26,7 +26,8 @@ from rclpy.serialization import serialize_message
 from rosgraph_msgs.msg import Clock
 from sensor_msgs.msg import CameraInfo, Image, JointState
 
-from sol_control.guard import STAGE_FIELDS
+from sol_control.budget import NS_PER_S
+from sol_control.decision import STAGE_FIELDS
 from sol_control.ros import convert
 from sol_control.sim import scene
 from sol_control.sim.cell import Cell
@@ -34,7 +35,6 @@ from sol_control.sim.config import BridgeConfig
 from sol_control.sim.pick import GraspCommand
 from sol_control.sim.scoring import decision_stats
 
-NS_PER_S = 1_000_000_000
 TASK_OF_CAMERA = {"qc": "qc", "pick": "grasp"}
 # What cell_sim publishes (key: topic, message type) — what Gazebo + ros_gz_bridge would give.
 PUBLISHED = {"clock": ("/clock", Clock),
@@ -314,7 +314,7 @@ class OracleController:
 
     def __init__(self, node: Node, cell: Cell):
         from sol_control.actions import GraspDecision, QCVerdict
-        from sol_control.guard import Decision
+        from sol_control.decision import Decision
 
         self.node, self.cell = node, cell
         self._types = (Decision, QCVerdict, GraspDecision)
@@ -334,8 +334,7 @@ class OracleController:
         verdict = "reject" if bp.part.defective else "pass"
         action = QCVerdict(bp.part.defect, verdict, 0.5, 0.5, bp.part.spec.severity, 1.0)
         eject_ns = int(round(self.cell.eject_time_s(t_s) * NS_PER_S))
-        d = Decision("qc", action, "oracle", "truth", 0.0, 10.0, True, stamp, msg.header.frame_id,
-                     eject_time_ns=eject_ns)
+        d = Decision("qc", action, "oracle", 0.0, 10.0, True, stamp, msg.header.frame_id, eject_time_ns=eject_ns)
         self.pub_qc.publish(convert.decision_to_status(d))
 
     def _on_pick(self, msg: Image) -> None:
@@ -343,8 +342,7 @@ class OracleController:
         lab = self.cell.pick.label
         approach = tuple((lab[f"a{k}_x"], lab[f"a{k}_y"], lab[f"a{k}_z"]) for k in (1, 2, 3))
         action = GraspDecision(lab["x"], lab["y"], lab["z"], lab["yaw"], lab["width"], lab["force"], approach, 1.0)
-        d = Decision("grasp", action, "oracle", "truth", 0.0, 10.0, True,
-                     convert.stamp_from_ros(msg.header.stamp), "pick_table")
+        d = Decision("grasp", action, "oracle", 0.0, 10.0, True, convert.stamp_from_ros(msg.header.stamp), "pick_table")
         self.pub_grasp.publish(convert.decision_to_status(d))
 
 
@@ -413,37 +411,14 @@ class Session:
 
 
 def _declare(node: Node) -> BridgeConfig:
-    """ROS parameters (flat names) → BridgeConfig; ValueError names the bad field."""
-    defaults = BridgeConfig()
-    flat = {"mode": defaults.mode, "rate": defaults.rate, "duration_s": defaults.duration_s,
-            "clock_period_s": defaults.clock_period_s, "state_period_s": defaults.state_period_s,
-            "decision_timeout_s": defaults.decision_timeout_s,
-            "events_path": defaults.events_path, "record_path": defaults.record_path,
-            "seed": defaults.cell.seed, "qc": defaults.cell.qc,
-            "grasp": defaults.cell.grasp, "belt_speed_mps": defaults.cell.conveyor.belt_speed_mps,
-            "part_pitch_m": defaults.cell.conveyor.part_pitch_m,
-            "defect_rate": defaults.cell.conveyor.defect_rate,
-            "camera_to_ejector_m": defaults.cell.conveyor.camera_to_ejector_m}
-    v = {k: node.declare_parameter(k, d).value for k, d in flat.items()}
-    from pydantic import ValidationError
+    """ROS parameters (dotted BridgeConfig names, e.g. cell.seed) → BridgeConfig; ValueError names
+    every bad field and value."""
+    from sol_control.ros.params import declare_config
 
-    try:
-        return _bridge_config(v)
-    except ValidationError as e:
-        bad = "; ".join(f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']} (given {err.get('input')!r})"
-                        for err in e.errors())
-        raise ValueError(f"invalid cell_sim parameters: {bad}") from None
-
-
-def _bridge_config(v: dict) -> BridgeConfig:
-    return BridgeConfig.model_validate({
-        "mode": v["mode"], "rate": v["rate"], "duration_s": v["duration_s"],
-        "clock_period_s": v["clock_period_s"], "state_period_s": v["state_period_s"],
-        "decision_timeout_s": v["decision_timeout_s"],
-        "events_path": v["events_path"], "record_path": v["record_path"],
-        "cell": {"seed": v["seed"], "qc": v["qc"], "grasp": v["grasp"],
-                 "conveyor": {"belt_speed_mps": v["belt_speed_mps"], "part_pitch_m": v["part_pitch_m"],
-                              "defect_rate": v["defect_rate"], "camera_to_ejector_m": v["camera_to_ejector_m"]}}})
+    cfg, error = declare_config(node, BridgeConfig, "cell_sim parameters")
+    if error:
+        raise ValueError(error)
+    return cfg
 
 
 def main(args: list[str] | None = None) -> None:

@@ -5,6 +5,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from sol_control.config import DEFAULT_CAMERA_TO_EJECTOR_M
+
 
 class ConveyorConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -12,7 +14,9 @@ class ConveyorConfig(BaseModel):
     part_pitch_m: float = Field(0.30, ge=0.20, le=3.0, description="mean spacing between parts")
     pitch_jitter_m: float = Field(0.03, ge=0.0, le=0.1, description="uniform jitter of the spacing")
     defect_rate: float = Field(0.3, ge=0.0, le=1.0, description="fraction of defective parts")
-    camera_to_ejector_m: float = Field(0.50, gt=0.15, le=0.9, description="QC camera → pusher")
+    camera_to_ejector_m: float = Field(DEFAULT_CAMERA_TO_EJECTOR_M, gt=0.15, le=0.9,
+                                       description="QC camera → pusher (the coprocessor's qc.camera_to_ejector_m "
+                                                   "is set from it)")
     pusher_stroke_s: float = Field(0.12, gt=0.02, le=1.0, description="time for one extension")
 
 
@@ -25,23 +29,23 @@ class PickConfig(BaseModel):
     ready_s: float = Field(0.35, gt=0.05, le=5.0, description="home → ready pose above the table")
     approach_s: float = Field(0.3, gt=0.05, le=5.0, description="ready → first approach waypoint")
     waypoint_s: float = Field(0.12, gt=0.02, le=5.0, description="between approach waypoints")
-    descend_s: float = Field(0.25, gt=0.05, le=5.0)
-    close_s: float = Field(0.3, gt=0.05, le=5.0)
-    lift_s: float = Field(0.35, gt=0.05, le=5.0)
+    descend_s: float = Field(0.25, gt=0.05, le=5.0, description="last approach waypoint → grasp pose")
+    close_s: float = Field(0.3, gt=0.05, le=5.0, description="gripper closing time")
+    lift_s: float = Field(0.35, gt=0.05, le=5.0, description="grasp pose → lifted")
     hold_s: float = Field(1.0, ge=1.0, le=5.0, description="hold time before scoring (>= 1 s)")
-    release_s: float = Field(0.15, gt=0.05, le=5.0)
-    home_s: float = Field(0.4, gt=0.05, le=5.0)
-    lift_height_m: float = Field(0.15, gt=0.05, le=0.3)
+    release_s: float = Field(0.15, gt=0.05, le=5.0, description="gripper opening time")
+    home_s: float = Field(0.4, gt=0.05, le=5.0, description="back to the home pose")
+    lift_height_m: float = Field(0.15, gt=0.05, le=0.3, description="how high a grasped object is lifted")
     success_lift_m: float = Field(0.05, gt=0.0, le=0.2, description="object rise to count as lifted")
 
 
 class CellConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    seed: int = Field(0, ge=0)
-    timestep_s: float = Field(0.002, gt=0.0, le=0.01)
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="same seed, same parts, scenes and images")
+    timestep_s: float = Field(0.002, gt=0.0, le=0.01, description="physics step (s)")
     control_period_s: float = Field(0.01, gt=0.0, le=0.05, description="IK / actuator update")
-    qc: bool = True
-    grasp: bool = True
+    qc: bool = Field(True, description="run the QC line")
+    grasp: bool = Field(True, description="run the pick station")
     conveyor: ConveyorConfig = ConveyorConfig()
     pick: PickConfig = PickConfig()
 
@@ -62,7 +66,7 @@ class BridgeConfig(BaseModel):
         "realtime", description="realtime: sim time tracks the wall clock; lockstep: every camera "
                                 "trigger waits for its decision (same seed ⇒ same run)")
     rate: float = Field(1.0, gt=0.0, le=100.0, description="realtime: sim seconds per wall second")
-    duration_s: float = Field(0.0, ge=0.0, description="sim seconds to run; 0 = until shutdown")
+    duration_s: float = Field(0.0, ge=0.0, le=1e7, description="sim seconds to run; 0 = until shutdown")
     clock_period_s: float = Field(0.01, gt=0.0, le=1.0,
                                   description="realtime /clock period (also sent right before every image); "
                                               "each /clock message costs every sim-time node ~0.5 ms of "

@@ -71,19 +71,14 @@ def may_raise_priority() -> bool:
     return False
 
 
-def ros_param(pair: str) -> str:
-    """CLI KEY=VALUE → a `-p KEY:=VALUE` the node accepts: floats keep a decimal point (ROS
-    parameters are typed, and 5000 would arrive as an integer); unknown keys fail here."""
-    from sol_control.config import param_specs
+def ros_params(pairs: list[str]) -> list[str]:
+    """CLI KEY=VALUE pairs → `KEY:=VALUE` node parameters, validated and typed by the node's config
+    (unknown keys and bad values fail here, before any process starts)."""
+    from sol_control import params
+    from sol_control.config import NodeConfig
 
-    key, sep, value = pair.replace(":=", "=", 1).partition("=")
-    kinds = {s.name: s.kind for s in param_specs()}
-    if not sep or key not in kinds:
-        raise ValueError(f"--param {pair!r}: expected KEY=VALUE with KEY a coprocessor parameter "
-                         f"(e.g. deadline.qc_ms=8)")
-    if kinds[key] is float:
-        value = repr(float(value))
-    return f"{key}:={value}"
+    cfg = params.apply_overrides(NodeConfig(), pairs)
+    return params.ros_assignments(cfg, list(params.parse_overrides(NodeConfig, pairs)))
 
 
 def standard_only_params() -> list[str]:
@@ -91,7 +86,7 @@ def standard_only_params() -> list[str]:
     return ["decoding.standard_only:=true"]
 
 
-def coprocessor_cmd(task: str, params: list[str], lockstep: bool, camera_to_ejector_m: float = 0.5) -> list[str]:
+def coprocessor_cmd(task: str, params: list[str], lockstep: bool, camera_to_ejector_m: float) -> list[str]:
     """The coprocessor for one camera: its own node name, camera remapped, sim time."""
     cam = CAMERA_OF_TASK[task]
     base = [f"mode:={task}", "use_sim_time:=true", "autostart:=true",
@@ -107,7 +102,7 @@ def coprocessor_cmd(task: str, params: list[str], lockstep: bool, camera_to_ejec
 
 
 def start_nodes(tasks: tuple[str, ...], params: list[str], lockstep: bool, log_dir: Path,
-                env: dict, camera_to_ejector_m: float = 0.5) -> dict[str, subprocess.Popen]:
+                env: dict, camera_to_ejector_m: float) -> dict[str, subprocess.Popen]:
     log_dir.mkdir(parents=True, exist_ok=True)
     procs = {}
     for task in tasks:
@@ -173,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
     node_nice = args.node_nice if args.node_nice >= 0 or may_raise_priority() else 0
     if node_nice != args.node_nice and not args.quiet:
         print(f"note: nodes run at nice 0, not {args.node_nice} (needs root or CAP_SYS_NICE)")
-    params = [ros_param(p) for p in args.param]
+    params = ros_params(args.param)
     if node_nice and not any(p.startswith("nice:=") for p in params):
         params.append(f"nice:={node_nice}")
     if args.standard_only:

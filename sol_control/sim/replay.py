@@ -67,17 +67,16 @@ def image_rgb(msg) -> np.ndarray:
 
 
 def replay(path: str | Path, cfg, tasks: tuple[str, ...]) -> dict:
+    """Decide every recorded camera frame through the node's worker loop (`runner.TaskRunner`,
+    synchronously: one frame after another, none skipped) with the joints and conveyor state that
+    came before it in the recording."""
     from sol_control.coprocessor import Coprocessor
-    from sol_control.telemetry import Conveyor, Frame, InputRejected, Joints, Telemetry
+    from sol_control.runner import CountingHooks, TaskRunner
+    from sol_control.telemetry import Conveyor, Joints, TelemetrySlots
 
-    cop = Coprocessor(cfg)
-    cop.warmup()
-    joints = conveyor = None
     truth: dict[tuple[str, int], dict] = {}
     live: dict[tuple[str, int], dict] = {}
-    decisions = []
-    rejected = 0
-    frames = []
+    frames, joints, conveyor = [], None, None
     for kind, topic, _, msg in read_bag(path, tasks):
         if kind == "joints":
             joints = Joints(tuple(msg.name), np.asarray(msg.position, float), np.asarray(msg.velocity, float),
@@ -86,21 +85,29 @@ def replay(path: str | Path, cfg, tasks: tuple[str, ...]) -> dict:
             conveyor = Conveyor(float(msg.position[0]), float(msg.velocity[0]), _stamp(msg.header))
         elif kind in ("truth", "live"):
             kv = {v.key: v.value for v in msg.values}
-            task = msg.name.rsplit("/", 1)[-1]
-            (truth if kind == "truth" else live)[(task, int(kv["stamp"]))] = kv
+            (truth if kind == "truth" else live)[(msg.name.rsplit("/", 1)[-1], int(kv["stamp"]))] = kv
         elif kind == "image":
             frames.append((CAMERAS[topic], msg, joints, conveyor))
+    cop = Coprocessor(cfg)
+    cop.warmup()
+    decisions, hooks, slots = [], CountingHooks(), TelemetrySlots()
+    runners = {t: TaskRunner(t, cop, slots, lambda d: decisions.append((d.task, d.stamp_ns, d)), hooks)
+               for t in cop.tasks}
     for task, msg, j, c in frames:          # decide after reading, so timing is the model's alone
-        stamp = _stamp(msg.header)
-        frame = Frame(image_rgb(msg), stamp, time.monotonic_ns(), msg.header.frame_id)
-        try:
-            d = cop.step(Telemetry(frame, joints=j, conveyor=c), task=task)
-        except InputRejected:
-            rejected += 1
-            continue
-        decisions.append((task, stamp, d))
+        slots.clear()
+        if j is not None:
+            slots.joints.put(j)
+        if c is not None:
+            slots.conveyor.put(c)
+        runners[task].decide(_frame(msg))
     cop.close()
-    return score(decisions, truth, live, rejected)
+    return score(decisions, truth, live, sum(hooks.rejected.values()))
+
+
+def _frame(msg):
+    from sol_control.telemetry import Frame
+
+    return Frame(image_rgb(msg), _stamp(msg.header), time.monotonic_ns(), msg.header.frame_id)
 
 
 def score(decisions, truth: dict, live: dict, rejected: int) -> dict:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sol_control.guard import STAGE_FIELDS
+from sol_control.decision import STAGE_FIELDS
 
 
 @dataclass

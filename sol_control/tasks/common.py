@@ -95,3 +95,26 @@ def split_seed(split: str, index: int) -> int:
 
 def rng_for(split: str, index: int) -> np.random.Generator:
     return np.random.default_rng(split_seed(split, index))
+
+
+# --- Our bundles' observation layout (written into each manifest; the runtime reads it from there) --
+BOS, EOS, SEP = 1, 2, 3
+FIRST_OBS_TOKEN = 4
+
+
+def feature_config(task: str) -> dict:
+    """Default `observation` dict for a bundle manifest (token offsets assigned in order)."""
+    from sol_control.perception import GRASP_FEATURES, QC_FEATURES
+
+    specs = QC_FEATURES if task == "qc" else GRASP_FEATURES if task == "grasp" else None
+    if specs is None:
+        raise ValueError(f"task must be 'qc' or 'grasp', got {task!r}")
+    feats, off = [], FIRST_OBS_TOKEN
+    for name, size, low, high, scale in specs:
+        feats.append({"name": name, "offset": off, "size": size, "low": low, "high": high, "scale": scale})
+        off += size
+    image_px, px_per_m = (QC_IMAGE_PX, QC_PX_PER_M) if task == "qc" else (GRASP_IMAGE_PX, GRASP_PX_PER_M)
+    return {"kind": "binned_features/1", "task": task, "image_px": image_px, "features": feats,
+            "camera": {"px_per_m": px_per_m, "projection": "orthographic"},
+            "token_range": [FIRST_OBS_TOKEN, off], "prefix_len": len(feats) + 2}
+

@@ -1,0 +1,90 @@
+"""Shadow audit: sampled fast decisions recomputed at full precision, off the critical path.
+
+The guard hands a sampled fast decision (and its prefix) to `Auditor.submit`; a background thread
+at the lowest CPU priority decodes the same prefix with its own fp32 session and counts agreement
+(same QC class and verdict; grasps within 1 cm, 0.1 rad, 5 mm) and token identity.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import queue
+import threading
+from dataclasses import replace
+
+import numpy as np
+
+from sol_control.actions import Action, ActionTokenizer, GraspDecision, QCVerdict
+from sol_control.budget import Budget
+from sol_control.decision import Decision
+from sol_control.planners import FullPrecisionPlanner
+
+log = logging.getLogger(__name__)
+
+
+def agrees(a: Action, b: Action) -> bool:
+    """Audit agreement: same QC verdict and defect class; grasps within one bin on every field is too
+    strict to ask of int8, so grasps agree when position is within 1 cm, yaw 0.1 rad, width 5 mm."""
+    if isinstance(a, QCVerdict) and isinstance(b, QCVerdict):
+        return a.defect == b.defect and a.verdict == b.verdict
+    if isinstance(a, GraspDecision) and isinstance(b, GraspDecision):
+        dp = math.dist((a.x_m, a.y_m, a.z_m), (b.x_m, b.y_m, b.z_m))
+        return dp <= 0.01 and abs(a.yaw_rad - b.yaw_rad) <= 0.1 and abs(a.width_m - b.width_m) <= 0.005
+    return False
+
+
+class Auditor:
+    """Recomputes sampled fast decisions at full precision on its own session, in a background
+    thread at the lowest CPU priority. Its queue holds one job: when busy, new samples are skipped."""
+
+    def __init__(self, full: FullPrecisionPlanner, tokenizer: ActionTokenizer):
+        self.full = full
+        self.tokenizer = replace(tokenizer, uncertain_below=0.0)  # audit the class, not the routing
+        self._jobs: queue.Queue = queue.Queue(maxsize=1)
+        self.audited = self.agreed = self.token_identical = self.skipped = self.errors = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sol_control-audit", daemon=True)
+        self._thread.start()
+
+    def submit(self, prefix: np.ndarray, decision: Decision) -> None:
+        try:
+            self._jobs.put_nowait((prefix.copy(), decision))
+        except queue.Full:
+            self.skipped += 1
+
+    @property
+    def native_id(self) -> int | None:
+        return self._thread.native_id
+
+    @property
+    def agreement(self) -> float:
+        return self.agreed / self.audited if self.audited else math.nan
+
+    def _run(self) -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except OSError as e:
+            log.warning("audit thread keeps its priority: %s", e)
+        while not self._stop.is_set():
+            try:
+                prefix, decision = self._jobs.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            try:
+                self._audit(prefix, decision)
+            except Exception as e:  # noqa: BLE001 - a broken audit must not touch live decisions
+                self.errors += 1
+                log.warning("audit failed: %s: %s", type(e).__name__, e)
+
+    def _audit(self, prefix: np.ndarray, decision: Decision) -> None:
+        res = self.full.plan(prefix, Budget.unlimited())
+        ref = self.tokenizer.decode(res.tokens, res.probs)
+        fast = self.tokenizer.decode(decision.tokens)
+        self.audited += 1
+        self.agreed += agrees(fast, ref)
+        self.token_identical += tuple(res.tokens) == decision.tokens
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2.0)

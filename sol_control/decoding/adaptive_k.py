@@ -1,0 +1,102 @@
+"""How many tokens the draft proposes per step: chosen from measured costs and acceptance.
+
+With per-token acceptance a, k drafts yield (1 - a^(k+1)) / (1 - a) tokens per step and cost
+k * draft_ms + verify_ms(k + 1); `AdaptiveK.choose` picks the k with the most tokens per ms (0 =
+plain decoding when drafting does not pay). Keep one controller per planner: it learns across
+decisions.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+MAX_K = 16
+PROBE_K = 2  # draft length of the steps that re-measure a draft the controller stopped using
+OUTLIER_X = 3.0  # a timing enters a running average at most at this multiple of the average
+
+
+def _average(old: float, new: float) -> float:
+    return 0.8 * old + 0.2 * min(new, OUTLIER_X * old)
+
+
+class AdaptiveK:
+    """Chooses the draft length from a running acceptance estimate and measured costs.
+
+    With per-token acceptance a, k drafts yield (1 - a^(k+1)) / (1 - a) tokens per step and cost
+    k * draft_ms + verify_ms(k + 1). Pick the k with the most tokens per ms; k = 0 (plain
+    decoding) wins when drafting does not pay. Costs are running averages per pass size, measured
+    as the planner runs; sizes not yet seen are interpolated, so the choice explores them.
+    Plain steps teach it nothing about the draft, so after `explore_every` plain steps in a row it
+    drafts PROBE_K tokens for two steps (the first catches the draft up, the second times it): one
+    slow draft measurement (a preemption) cannot switch speculation off for good.
+    Keep one controller per planner: it learns across decisions.
+    """
+
+    def __init__(self, k_max: int = MAX_K, decay: float = 0.95, explore_every: int = 64):
+        self.k_max, self.decay, self.explore_every = k_max, decay, explore_every
+        self._plain_run = 0  # plain steps chosen in a row
+        self._probes = 0  # probe steps still to run
+        self.acc, self.rej = 4.0, 1.0  # prior: acceptance ~0.8
+        self.draft_ms: float | None = None  # per draft token
+        self.verify = np.full(MAX_K + 2, np.nan)  # ms of one target pass of T tokens, index T
+        self._est: list[float] | None = None  # verify_ms(T) for T in 0..MAX_K+1, refreshed by update
+
+    @property
+    def alpha(self) -> float:
+        return self.acc / (self.acc + self.rej)
+
+    def _estimate(self, tokens: np.ndarray) -> np.ndarray | None:
+        seen = np.flatnonzero(~np.isnan(self.verify))  # pass sizes measured so far
+        if len(seen) == 0:
+            return None
+        ms = self.verify[seen]
+        if len(seen) == 1:  # one size seen: assume +10 % per extra token (and never below 10 %)
+            return ms[0] * np.maximum(1 + 0.1 * (tokens - seen[0]), 0.1)
+        slope = max((ms[-1] - ms[0]) / (seen[-1] - seen[0]), 0.05 * ms[0])
+        return np.where(tokens <= seen[-1], np.interp(tokens, seen, ms), ms[-1] + (tokens - seen[-1]) * slope)
+
+    def verify_ms(self, tokens: int) -> float | None:
+        """Estimated ms of one target pass of `tokens` tokens (None before the first measurement)."""
+        if self._est is not None and tokens < len(self._est):
+            return self._est[tokens]
+        est = self._estimate(np.array([tokens]))
+        return None if est is None else float(est[0])
+
+    def choose(self, remaining: int = MAX_K + 1) -> int:
+        k_top = max(0, min(self.k_max, remaining - 1))
+        est = self._est  # plain floats: this runs once per speculative step, on the decision's clock
+        if self.draft_ms is None or est is None:
+            return min(4, k_top)  # cold start: measure a moderate k first
+        if not k_top:  # no room to draft (the decision's last token): not a choice against it
+            return 0
+        a, draft_ms = min(self.alpha, 0.999), self.draft_ms
+        best_k, best = 0, 1.0 / est[1]
+        for k in range(1, k_top + 1):
+            rate = (1 - a ** (k + 1)) / (1 - a) / (k * draft_ms + est[k + 1])
+            if rate > best:
+                best_k, best = k, rate
+        if best_k:
+            self._plain_run = self._probes = 0
+            return best_k
+        if self._probes:
+            self._probes -= 1
+            return min(PROBE_K, k_top)
+        self._plain_run += 1
+        if self._plain_run >= self.explore_every:
+            self._plain_run, self._probes = 0, 1
+            return min(PROBE_K, k_top)
+        return 0
+
+    def update(self, k: int, accepted: int, draft_ms: float | None, verify_ms: float) -> None:
+        """Learn from one step. A timing enters its running average at most at OUTLIER_X times the
+        average: a preempted step nudges the costs instead of tripling them."""
+        d = self.decay
+        if k > 0:
+            self.acc = d * self.acc + accepted
+            self.rej = d * self.rej + (1 if accepted < k else 0)
+            if draft_ms is not None:
+                per = draft_ms / k
+                self.draft_ms = per if self.draft_ms is None else _average(self.draft_ms, per)
+        t = k + 1
+        old = self.verify[t]
+        self.verify[t] = verify_ms if np.isnan(old) else _average(float(old), verify_ms)
+        self._est = self._estimate(np.arange(MAX_K + 2, dtype=np.float64)).tolist()

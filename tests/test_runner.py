@@ -1,0 +1,147 @@
+"""The per-task worker loop (sol_control.runner) on the shipped QC bundle, with real perception and
+ONNX Runtime, timed by a ManualClock: exactly one answer per frame, stale frames rejected, the
+watchdog answering a stalled decision at its deadline, errors becoming labelled safe defaults, and
+the sensor timeout - all without a wall-clock window."""
+from __future__ import annotations
+
+import pytest
+
+from sol_control.budget import ManualClock
+from sol_control.config import from_flat
+from sol_control.coprocessor import Coprocessor
+from sol_control.decision import Failure
+from sol_control.runner import CountingHooks, TaskRunner, Watchdog
+from sol_control.tasks.qc import make_sample
+from sol_control.telemetry import Frame, TelemetrySlots
+from tests.conftest import bundle_dir
+
+NS_PER_MS = 1_000_000
+
+
+@pytest.fixture(scope="module")
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture(scope="module")
+def cop(clock):
+    cfg = from_flat({"mode": "qc", "qc.bundle": str(bundle_dir("qc")), "audit_rate": 0.0, "qc.min_confidence": 0.0,
+                     "deadline.qc_ms": 20.0, "deadline.sensor_timeout_ms": 1000.0, "decoding.warmup_runs": 2})
+    c = Coprocessor(cfg, clock=clock)
+    c.warmup()
+    yield c
+    c.close()
+
+
+class Hooks(CountingHooks):
+    """Counts like the soak does; `during_step` runs inside a decision (after the watchdog is armed)."""
+
+    def __init__(self):
+        super().__init__()
+        self.during_step = lambda: None
+        self.timeouts: list[bool] = []
+
+    def take_side_streams(self, task: str) -> None:
+        self.during_step()
+
+    def sensor_timeout(self, active: bool) -> None:
+        self.timeouts.append(active)
+
+
+def make_runner(cop, clock) -> tuple[TaskRunner, list, Hooks]:
+    published, hooks = [], Hooks()
+    runner = TaskRunner("qc", cop, TelemetrySlots(clock), published.append, hooks, clock)
+    runner.arm(watchdog_thread=False)  # the test fires the watchdog itself
+    return runner, published, hooks
+
+
+def frame(clock: ManualClock, age_ms: float = 0.0, i: int = 0) -> Frame:
+    start = clock.now_ns() - int(age_ms * NS_PER_MS)
+    return Frame(make_sample("test", i).image, 1000 + i, start, "qc_camera")
+
+
+def test_one_frame_one_labelled_answer(cop, clock):
+    runner, published, hooks = make_runner(cop, clock)
+    runner.decide(frame(clock, age_ms=3.0))
+    assert len(published) == 1 and not hooks.rejected and hooks.errors == 0
+    d = published[0]
+    assert d.source == "fast" and d.deadline_met and d.latency_ms == 3.0 and d.stamp_ns == 1000
+    assert d.cpu_ms > 0 and d.perception_ms == 0.0  # the clock stood still; the thread's CPU did not
+    assert runner.watchdog.fired == 0 and runner.watchdog.discarded == 0
+
+
+def test_stale_frames_are_rejected_not_decided(cop, clock):
+    runner, published, hooks = make_runner(cop, clock)
+    runner.decide(frame(clock, age_ms=100.5))  # max_staleness_ms is 100
+    assert published == [] and hooks.rejected == {"stale": 1}
+
+
+def test_watchdog_answers_a_stalled_decision_once(cop, clock):
+    runner, published, hooks = make_runner(cop, clock)
+
+    def stall():  # the decision is still running when its deadline (20 ms - 1 ms margin) passes
+        clock.advance_ms(19.0)
+        assert runner.watchdog.fire_due() == 1
+
+    hooks.during_step = stall
+    runner.decide(frame(clock))
+    assert len(published) == 1, published  # the watchdog's answer; the worker's late one is dropped
+    d = published[0]
+    assert d.source == "safe_default" and d.fast_failure == Failure("watchdog") and d.reason == "watchdog"
+    assert d.latency_ms == 19.0 and d.deadline_met  # 19 ms + the 1 ms publish margin: on time
+    assert runner.watchdog.fired == 1 and runner.watchdog.discarded == 1
+
+
+def test_watchdog_stays_quiet_for_a_finished_job(clock):
+    fired = []
+    w = Watchdog(fired.append, clock, thread=False)
+    t0 = clock.now_ns()
+    stalled = w.begin("qc", t0 + 50 * NS_PER_MS, payload="frame-1")
+    quick = w.begin("grasp", t0 + 50 * NS_PER_MS, payload="frame-2")
+    assert w.finish(quick)  # done in time: the worker publishes
+    clock.advance_ms(49.9)
+    assert w.fire_due() == 0 and fired == []
+    clock.advance_ms(0.1)
+    assert w.fire_due() == 1 and [j.payload for j in fired] == ["frame-1"]
+    assert not w.finish(stalled)  # the stalled planner's late answer is dropped
+    assert w.fired == 1 and w.discarded == 1 and w.fire_due() == 0
+
+
+def test_a_watchdog_answer_that_fails_is_counted(clock):
+    def broken(job):
+        raise RuntimeError("publisher gone")
+
+    w = Watchdog(broken, clock, thread=False)
+    w.begin("qc", clock.now_ns())
+    assert w.fire_due() == 1 and w.errors == 1
+
+
+def test_a_failing_step_becomes_a_labelled_safe_default(cop, clock):
+    class Broken:  # the collaborator fails; the runner under test must answer anyway
+        def config(self):
+            return cop.config()
+
+        def step(self, telemetry, task=None):
+            raise RuntimeError("session lost")
+
+    published, hooks = [], Hooks()
+    runner = TaskRunner("qc", Broken(), TelemetrySlots(clock), published.append, hooks, clock)
+    runner.decide(frame(clock))
+    assert len(published) == 1 and hooks.errors == 1
+    assert published[0].source == "safe_default" and published[0].reason == "internal_error:RuntimeError"
+
+
+def test_sensor_timeout_publishes_safe_defaults_until_frames_return(cop, clock):
+    runner, published, hooks = make_runner(cop, clock)
+    clock.advance_ms(999.0)
+    runner.check_sensor_timeout()
+    assert published == []
+    clock.advance_ms(1.0)
+    runner.check_sensor_timeout()
+    runner.check_sensor_timeout()  # once per timeout, not per check
+    assert [d.reason for d in published] == ["sensor_timeout"] and hooks.timeouts == [True]
+    clock.advance_ms(1000.0)
+    runner.check_sensor_timeout()
+    assert len(published) == 2 and hooks.timeouts == [True]
+    runner.decide(frame(clock))
+    assert published[-1].source == "fast" and hooks.timeouts == [True, False]
