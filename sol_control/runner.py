@@ -1,14 +1,15 @@
 """One task's worker loop, ROS-free: the node, the soak and replay all decide frames through it.
 
-    frame slot (newest frame only) ─► stale? rejected ─► watchdog armed for the deadline
-        ─► side streams taken (host hook) ─► Coprocessor.step ─► on_time_or_safe ─► publish(decision)
+    slot (newest telemetry snapshot only) ─► stale? rejected ─► watchdog armed for the deadline
+        ─► Coprocessor.step ─► on_time_or_safe ─► publish(decision)
     no usable frame for sensor_timeout_ms ─► safe default (sensor_timeout), once per timeout
 
 Exactly one decision per decided frame leaves through `publish`: the worker's, or the watchdog's
 safe default when the worker is still running at the deadline (its late answer is then dropped).
 Every decision is relabelled right before it leaves (`on_time_or_safe` with the publish margin),
-so a late answer goes out as a labelled safe default. The host (ROS node, soak, replay) supplies
-`RunnerHooks`: counting rejections and errors, taking side streams, the ROS clock.
+so a late answer goes out as a labelled safe default. The host (ROS node, soak, replay) builds the
+telemetry snapshot (frame + side streams) and supplies `RunnerHooks`: counting rejections and
+errors, the sensor-timeout state, the ROS clock.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from typing import Callable
 
 from sol_control.budget import MONOTONIC, NS_PER_MS, Clock
 from sol_control.decision import Decision, Failure, on_time_or_safe, safe_decision
-from sol_control.telemetry import Frame, InputRejected, LatestSlot, TelemetrySlots
+from sol_control.telemetry import Frame, InputRejected, LatestSlot, Telemetry
 
 log = logging.getLogger(__name__)
 TAKE_TIMEOUT_S = 0.02  # how often an idle worker checks the sensor timeout and its stop flag
@@ -37,9 +38,6 @@ class RunnerHooks:
 
     def sensor_timeout(self, active: bool) -> None:
         """Called with True when the timeout starts publishing safe defaults, False when frames return."""
-
-    def take_side_streams(self, task: str) -> None:
-        """Refresh the side-stream slots the task reads (the node takes its polled subscriptions)."""
 
     def ros_now_ns(self) -> int:
         return MONOTONIC.now_ns()
@@ -143,16 +141,15 @@ class Watchdog:
 
 
 class TaskRunner:
-    """Decides one task's frames: `offer` the newest frame (executor side), the worker decides it."""
+    """Decides one task's frames: `offer` the newest snapshot (executor side), the worker decides it."""
 
-    def __init__(self, task: str, cop, slots: TelemetrySlots, publish: Callable[[Decision], None],
-                 hooks: RunnerHooks | None = None, clock: Clock = MONOTONIC):
+    def __init__(self, task: str, cop, publish: Callable[[Decision], None], hooks: RunnerHooks | None = None,
+                 clock: Clock = MONOTONIC):
         self.task = task
         self.cop = cop  # sol_control.coprocessor.Coprocessor (its live config is the runner's)
-        self.slots = slots
         self.hooks = hooks or CountingHooks()
         self.clock = clock
-        self.frames: LatestSlot[Frame] = LatestSlot(clock)
+        self.frames: LatestSlot[Telemetry] = LatestSlot(clock)
         self._publish_cb = publish
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -187,20 +184,21 @@ class TaskRunner:
     def native_id(self) -> int | None:
         return self._thread.native_id if self._thread is not None else None
 
-    def offer(self, frame: Frame) -> None:
-        self.frames.put(frame)
+    def offer(self, telemetry: Telemetry) -> None:
+        self.frames.put(telemetry)
 
     # -- the loop --------------------------------------------------------------------------------
     def _loop(self) -> None:
         while not self._stop.is_set():
-            frame = self.frames.take(timeout_s=TAKE_TIMEOUT_S)
-            if frame is None:
+            telemetry = self.frames.take(timeout_s=TAKE_TIMEOUT_S)
+            if telemetry is None:
                 self.check_sensor_timeout()
             else:
-                self.decide(frame)
+                self.decide(telemetry)
 
-    def decide(self, frame: Frame) -> None:
+    def decide(self, telemetry: Telemetry) -> None:
         """Decide one frame and publish the answer (callable without the thread: replay does)."""
+        frame = telemetry.frame
         cfg = self.cop.config()
         dl = cfg.deadline
         age_ms = (self.clock.now_ns() - frame.start_mono_ns) / NS_PER_MS
@@ -212,8 +210,7 @@ class TaskRunner:
             fire_at_ns = frame.start_mono_ns + int((dl.for_task(self.task) - dl.publish_margin_ms) * NS_PER_MS)
             job = self.watchdog.begin(self.task, fire_at_ns, frame)
         try:
-            self.hooks.take_side_streams(self.task)
-            d = self.cop.step(self.slots.snapshot(frame, dl.max_staleness_ms), task=self.task)
+            d = self.cop.step(telemetry, task=self.task)
         except InputRejected as e:
             if job is not None:
                 self.watchdog.finish(job)

@@ -1,8 +1,8 @@
-"""Telemetry: latest-value slots (depth 1) and the snapshot a decision is made on.
+"""Telemetry: the snapshot a decision is made on, and the latest-value slot (depth 1) it waits in.
 
-Sensors write into slots from the executor thread; the worker takes the newest frame. A slot never
-queues: a new value replaces the old one (counted as `superseded`), so a slow decision makes the
-node skip frames instead of falling behind. Times: `stamp_ns` is the sensor's header stamp (ROS
+The host (the ROS node, the soak, replay) builds a `Telemetry` per camera frame and offers it to a
+task's runner, whose slot never queues: a new value replaces the old one (counted as `superseded`),
+so a slow decision makes the node skip frames instead of falling behind. Times: `stamp_ns` is the sensor's header stamp (ROS
 clock); `start_mono_ns` is that same instant on time.monotonic_ns(), which budgets use.
 """
 from __future__ import annotations
@@ -109,24 +109,6 @@ class LatestSlot(Generic[T]):
     def wake(self) -> None:
         with self._lock:
             self._ready.notify_all()
-
-
-class TelemetrySlots:
-    """One slot per side stream; `snapshot(frame)` pairs a frame with the fresh ones. (Frames have
-    their own slot per task, in its runner.)"""
-
-    def __init__(self, clock: Clock = MONOTONIC) -> None:
-        self.joints: LatestSlot[Joints] = LatestSlot(clock)
-        self.wrench: LatestSlot[Wrench] = LatestSlot(clock)
-        self.conveyor: LatestSlot[Conveyor] = LatestSlot(clock)
-
-    def snapshot(self, frame: Frame, max_age_ms: float) -> Telemetry:
-        return Telemetry(frame, self.joints.peek(max_age_ms), self.wrench.peek(max_age_ms),
-                         self.conveyor.peek(max_age_ms))
-
-    def clear(self) -> None:
-        for s in (self.joints, self.wrench, self.conveyor):
-            s.clear()
 
 
 class InputRejected(ValueError):

@@ -154,7 +154,7 @@ def test_random_bytes_behind_a_valid_signature(tail, kind):
 def test_joint_state_conversion(pos, vel, names, sec, nanosec):
     from sensor_msgs.msg import JointState
 
-    from sol_control.ros.convert import joints_from_ros
+    from sol_control.ros.side_streams import joints_from_ros
 
     msg = JointState(name=names, position=pos, velocity=vel)
     msg.header.stamp.sec, msg.header.stamp.nanosec = sec, nanosec
@@ -171,7 +171,7 @@ def test_joint_state_conversion(pos, vel, names, sec, nanosec):
 @FAST
 @given(st.lists(floats_any, min_size=6, max_size=6))
 def test_wrench_conversion(values):
-    from sol_control.ros.convert import wrench_from_ros, wrench_to_ros
+    from sol_control.ros.side_streams import wrench_from_ros, wrench_to_ros
     from sol_control.telemetry import Wrench
 
     msg = wrench_to_ros(Wrench(np.array(values[:3]), np.array(values[3:]), 1))
@@ -188,7 +188,7 @@ def test_wrench_conversion(values):
 def test_conveyor_conversion(pos, vel):
     from sensor_msgs.msg import JointState
 
-    from sol_control.ros.convert import conveyor_from_ros
+    from sol_control.ros.side_streams import conveyor_from_ros
 
     try:
         c = conveyor_from_ros(JointState(position=pos, velocity=vel), max_speed_mps=10.0)

@@ -831,7 +831,7 @@ def test_extra_manifest_keys_cannot_smuggle_a_custom_op_library(tmp_path):
 def test_joint_state_size_is_limited():
     from sensor_msgs.msg import JointState
 
-    from sol_control.ros.convert import joints_from_ros
+    from sol_control.ros.side_streams import joints_from_ros
     from sol_control.telemetry import InputRejected
 
     msg = JointState(position=[0.0] * 100_000)

@@ -139,7 +139,7 @@ def test_eject_time_from_conveyor(h):
     belt = JointState(name=["belt"], position=[1.0], velocity=[0.25])
     belt.header.stamp = stamp_to_ros(now_ns(h.client))
     h.pub_conveyor.publish(belt)
-    assert wait_for(lambda: h.node.slots.conveyor.peek() is not None, 5.0)
+    assert wait_for(lambda: h.node.side_streams.latest("conveyor/joint_states") is not None, 5.0)
     v = decide_one(h, 5)
     # part under the camera at the image stamp reaches the ejector 0.5 m / 0.25 m/s = 2 s later
     assert int(v["eject_time"]) - int(v["stamp"]) == pytest.approx(2_000_000_000, abs=2_000_000)
@@ -435,14 +435,8 @@ def test_mono_and_padded_rows():
 
 
 def test_joints_wrench_conveyor_round_trip():
-    from sol_control.ros.convert import (
-        conveyor_from_ros,
-        conveyor_to_ros,
-        joints_from_ros,
-        joints_to_ros,
-        wrench_from_ros,
-        wrench_to_ros,
-    )
+    from sol_control.ros.side_streams import (conveyor_from_ros, conveyor_to_ros, joints_from_ros, joints_to_ros,
+                                              wrench_from_ros, wrench_to_ros)
     from sol_control.telemetry import Conveyor, Joints, Wrench
 
     j = Joints(("a", "b"), np.array([0.1, -0.2]), np.array([0.0, 1.0]), 5)

@@ -12,7 +12,7 @@ from sol_control.coprocessor import Coprocessor
 from sol_control.decision import Failure
 from sol_control.runner import CountingHooks, TaskRunner, Watchdog
 from sol_control.tasks.qc import make_sample
-from sol_control.telemetry import Frame, TelemetrySlots
+from sol_control.telemetry import Frame, Telemetry
 from tests.conftest import bundle_dir
 
 NS_PER_MS = 1_000_000
@@ -34,15 +34,11 @@ def cop(clock):
 
 
 class Hooks(CountingHooks):
-    """Counts like the soak does; `during_step` runs inside a decision (after the watchdog is armed)."""
+    """Counts like the soak does, and records the sensor-timeout state."""
 
     def __init__(self):
         super().__init__()
-        self.during_step = lambda: None
         self.timeouts: list[bool] = []
-
-    def take_side_streams(self, task: str) -> None:
-        self.during_step()
 
     def sensor_timeout(self, active: bool) -> None:
         self.timeouts.append(active)
@@ -50,14 +46,29 @@ class Hooks(CountingHooks):
 
 def make_runner(cop, clock) -> tuple[TaskRunner, list, Hooks]:
     published, hooks = [], Hooks()
-    runner = TaskRunner("qc", cop, TelemetrySlots(clock), published.append, hooks, clock)
+    runner = TaskRunner("qc", cop, published.append, hooks, clock)
     runner.arm(watchdog_thread=False)  # the test fires the watchdog itself
     return runner, published, hooks
 
 
-def frame(clock: ManualClock, age_ms: float = 0.0, i: int = 0) -> Frame:
+def frame(clock: ManualClock, age_ms: float = 0.0, i: int = 0) -> Telemetry:
     start = clock.now_ns() - int(age_ms * NS_PER_MS)
-    return Frame(make_sample("test", i).image, 1000 + i, start, "qc_camera")
+    return Telemetry(Frame(make_sample("test", i).image, 1000 + i, start, "qc_camera"))
+
+
+class Slowed:
+    """The real coprocessor, but `before_step` runs first inside each step (the test moves the clock
+    there, as a slow decision would)."""
+
+    def __init__(self, cop, before_step):
+        self.cop, self.before_step = cop, before_step
+
+    def config(self):
+        return self.cop.config()
+
+    def step(self, telemetry, task=None):
+        self.before_step()
+        return self.cop.step(telemetry, task=task)
 
 
 def test_one_frame_one_labelled_answer(cop, clock):
@@ -77,13 +88,14 @@ def test_stale_frames_are_rejected_not_decided(cop, clock):
 
 
 def test_watchdog_answers_a_stalled_decision_once(cop, clock):
-    runner, published, hooks = make_runner(cop, clock)
+    published, hooks = [], Hooks()
 
     def stall():  # the decision is still running when its deadline (20 ms - 1 ms margin) passes
         clock.advance_ms(19.0)
         assert runner.watchdog.fire_due() == 1
 
-    hooks.during_step = stall
+    runner = TaskRunner("qc", Slowed(cop, stall), published.append, hooks, clock)
+    runner.arm(watchdog_thread=False)
     runner.decide(frame(clock))
     assert len(published) == 1, published  # the watchdog's answer; the worker's late one is dropped
     d = published[0]
@@ -125,7 +137,7 @@ def test_a_failing_step_becomes_a_labelled_safe_default(cop, clock):
             raise RuntimeError("session lost")
 
     published, hooks = [], Hooks()
-    runner = TaskRunner("qc", Broken(), TelemetrySlots(clock), published.append, hooks, clock)
+    runner = TaskRunner("qc", Broken(), published.append, hooks, clock)
     runner.decide(frame(clock))
     assert len(published) == 1 and hooks.errors == 1
     assert published[0].source == "safe_default" and published[0].reason == "internal_error:RuntimeError"

@@ -77,16 +77,14 @@ def _pool(task: str, n: int) -> list[tuple[np.ndarray, np.ndarray | None]]:
     return [(s.image, s.joints_rad) for s in (make_sample("test", i) for i in range(n))]
 
 
-def _frame(image: np.ndarray, stamp_ns: int, start_ns: int):
-    from sol_control.telemetry import Frame
+def _telemetry(image: np.ndarray, joints_rad: np.ndarray | None, stamp_ns: int):
+    """A camera frame arriving now (its budget starts at `stamp_ns`), with the scene's joints."""
+    from sol_control.telemetry import Frame, Joints, Telemetry
 
-    return Frame(image, stamp_ns, start_ns, "soak_camera")
-
-
-def _joints(joints_rad: np.ndarray, stamp_ns: int):
-    from sol_control.telemetry import Joints
-
-    return Joints(tuple(f"joint{i + 1}" for i in range(len(joints_rad))), joints_rad, np.zeros(0), stamp_ns)
+    joints = None
+    if joints_rad is not None:
+        joints = Joints(tuple(f"joint{i + 1}" for i in range(len(joints_rad))), joints_rad, np.zeros(0), stamp_ns)
+    return Telemetry(Frame(image, stamp_ns, stamp_ns, "soak_camera"), joints=joints)
 
 
 def rss_mb() -> float:
@@ -191,13 +189,11 @@ class Driver:
     def __init__(self, cop, task: str, record: TaskRecord, pool: list, period_ns: int, t0: int, warmup_ns: int,
                  window_ns: int, end_ns: int):
         from sol_control.runner import CountingHooks, TaskRunner
-        from sol_control.telemetry import TelemetrySlots
 
         self.task, self.record, self.pool = task, record, pool
         self.period_ns, self.t0, self.warmup_ns, self.window_ns, self.end_ns = period_ns, t0, warmup_ns, window_ns, end_ns
         self.hooks = CountingHooks()
-        self.slots = TelemetrySlots()
-        self.runner = TaskRunner(task, cop, self.slots, self._on_decision, self.hooks)
+        self.runner = TaskRunner(task, cop, self._on_decision, self.hooks)
         self.ticks = self.decided = 0
         self.cpu_ms_per_decision: list[float] = []  # per window: the runner thread's CPU per decision
         self.load_1min: list[float] = []
@@ -227,9 +223,7 @@ class Driver:
                     time.sleep((next_tick - now) / NS_PER_S)
                     continue
                 image, joints = self.pool[self.ticks % POOL]
-                if joints is not None:  # the newest joint state, as the node's side stream gives it
-                    self.slots.joints.put(_joints(joints, next_tick))
-                self.runner.offer(_frame(image, stamp_ns=next_tick, start_ns=next_tick))
+                self.runner.offer(_telemetry(image, joints, stamp_ns=next_tick))
                 self.ticks += 1
                 next_tick += self.period_ns
         finally:

@@ -15,14 +15,14 @@ from dataclasses import dataclass
 import numpy as np
 from builtin_interfaces.msg import Time
 from diagnostic_msgs.msg import DiagnosticStatus, KeyValue
-from geometry_msgs.msg import Pose, PoseArray, PoseStamped, WrenchStamped
+from geometry_msgs.msg import Pose, PoseArray, PoseStamped
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import Header
 
 from sol_control.actions import GraspDecision, QCVerdict
 from sol_control.budget import NS_PER_S
 from sol_control.decision import STAGE_FIELDS, Decision, Failure
-from sol_control.telemetry import Conveyor, InputRejected, Joints, Wrench, compressed_kind
+from sol_control.telemetry import InputRejected, compressed_kind
 
 CHANNELS = {"rgb8": 3, "bgr8": 3, "mono8": 1, "rgba8": 4, "bgra8": 4}
 GRIPPER_JOINT = "sol_control_gripper"
@@ -117,68 +117,6 @@ def compressed_to_ros(rgb: np.ndarray, stamp_ns: int, frame_id: str = "camera", 
     assert ok, kind
     msg = CompressedImage(header=header(stamp_ns, frame_id), format=f"rgb8; {kind} compressed bgr8")
     msg.data = buf.tobytes()
-    return msg
-
-
-# -- joints, conveyor, wrench ---------------------------------------------------------------------
-def _finite_bounded(values: np.ndarray, max_abs: float, what: str) -> None:
-    if not np.all(np.isfinite(values)):
-        raise InputRejected(f"{what}_nonfinite", "NaN or inf")
-    if values.size and float(np.max(np.abs(values))) > max_abs:
-        raise InputRejected(f"{what}_out_of_range", f"|value| > {max_abs}")
-
-
-def joints_from_ros(msg: JointState, max_abs: float, max_joints: int = 64) -> Joints:
-    n = max(len(msg.position), len(msg.velocity), len(msg.name))
-    if n > max_joints:
-        raise InputRejected("joints_too_many", f"{n} entries, at most {max_joints}")
-    pos = np.asarray(msg.position, np.float64)
-    vel = np.asarray(msg.velocity, np.float64)
-    names = tuple(msg.name)
-    if pos.size == 0:
-        raise InputRejected("joints_empty", "no positions")
-    if names and len(names) != pos.size:
-        raise InputRejected("joints_length_mismatch", f"{len(names)} names, {pos.size} positions")
-    if vel.size not in (0, pos.size):
-        raise InputRejected("joints_length_mismatch", f"{vel.size} velocities, {pos.size} positions")
-    _finite_bounded(pos, max_abs, "joints")
-    _finite_bounded(vel, max_abs, "joints")
-    return Joints(names, pos, vel, stamp_from_ros(msg.header.stamp))
-
-
-def joints_to_ros(j: Joints, frame_id: str = "") -> JointState:
-    return JointState(header=header(j.stamp_ns, frame_id), name=list(j.names),
-                      position=[float(x) for x in j.position_rad], velocity=[float(x) for x in j.velocity])
-
-
-def conveyor_from_ros(msg: JointState, max_speed_mps: float) -> Conveyor:
-    """Belt as a prismatic joint: position[0] in m, velocity[0] in m/s."""
-    if len(msg.position) == 0 or len(msg.velocity) == 0:
-        raise InputRejected("conveyor_empty", "needs position[0] and velocity[0]")
-    pos, vel = float(msg.position[0]), float(msg.velocity[0])
-    if not (math.isfinite(pos) and math.isfinite(vel)):
-        raise InputRejected("conveyor_nonfinite", "NaN or inf")
-    if abs(vel) > max_speed_mps:
-        raise InputRejected("conveyor_out_of_range", f"|{vel}| m/s > {max_speed_mps}")
-    return Conveyor(pos, vel, stamp_from_ros(msg.header.stamp))
-
-
-def conveyor_to_ros(c: Conveyor, name: str = "belt") -> JointState:
-    return JointState(header=header(c.stamp_ns, ""), name=[name], position=[c.position_m], velocity=[c.velocity_mps])
-
-
-def wrench_from_ros(msg: WrenchStamped, max_abs: float) -> Wrench:
-    f, t = msg.wrench.force, msg.wrench.torque
-    force = np.array([f.x, f.y, f.z], np.float64)
-    torque = np.array([t.x, t.y, t.z], np.float64)
-    _finite_bounded(np.concatenate([force, torque]), max_abs, "wrench")
-    return Wrench(force, torque, stamp_from_ros(msg.header.stamp))
-
-
-def wrench_to_ros(w: Wrench, frame_id: str = "tool0") -> WrenchStamped:
-    msg = WrenchStamped(header=header(w.stamp_ns, frame_id))
-    msg.wrench.force.x, msg.wrench.force.y, msg.wrench.force.z = (float(x) for x in w.force_n)
-    msg.wrench.torque.x, msg.wrench.torque.y, msg.wrench.torque.z = (float(x) for x in w.torque_nm)
     return msg
 
 
@@ -283,6 +221,17 @@ def grasp_from_ros(m: GraspMessages, confidence: float = 1.0) -> GraspDecision:
     approach = tuple((q.position.x, q.position.y, q.position.z) for q in m.approach.poses)
     return GraspDecision(p.position.x, p.position.y, p.position.z, _yaw(p), m.gripper.position[0],
                          m.gripper.effort[0], approach, confidence)
+
+
+def decision_messages(d: Decision, frame_id: str, marker_id: int) -> list[tuple[str, object]]:
+    """Everything one decision publishes, as (output, message): its record ("qc" / "grasp"); for a
+    grasp to execute, its "pose", "gripper" and "approach"; and the RViz "markers"."""
+    out: list[tuple[str, object]] = [(d.task, decision_to_status(d))]
+    if d.task == "grasp" and not d.action.hold:
+        m = grasp_to_ros(d.action, d.stamp_ns, frame_id)
+        out += [("pose", m.pose), ("gripper", m.gripper), ("approach", m.approach)]
+    out.append(("markers", markers_for(d, frame_id, marker_id)))
+    return out
 
 
 # -- markers (one way: for RViz / Foxglove) ------------------------------------------------------

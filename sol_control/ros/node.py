@@ -1,9 +1,10 @@
 """`ros2 run sol_control coprocessor`: the lifecycle node `sol_control`.
 
-    executor thread: image callbacks ─► validate + convert ─► each task runner's frame slot (depth 1)
-    runner threads:  one per task (qc, grasp): sol_control.runner.TaskRunner (newest frame ─►
-                     watchdog ─► side streams ─► Coprocessor.step ─► on-time-or-safe ─► _publish)
-    side streams:    joint states, wrench, conveyor: never spun; taken by the runners and a timer
+    executor thread: image callback ─► validate + convert ─► + newest side-stream samples
+                     ─► each task runner's slot (depth 1)
+    runner threads:  one per task (qc, grasp): sol_control.runner.TaskRunner (newest snapshot ─►
+                     watchdog ─► Coprocessor.step ─► on-time-or-safe ─► _publish)
+    side streams:    joint states, wrench, conveyor: never spun; taken per image and by a timer
     audit thread:    sampled fast decisions recomputed at fp32 (lowest priority)
 
 configure: validate parameters, verify bundles (sha256), build sessions; on failure the node stays
@@ -33,9 +34,9 @@ from sol_control.decision import Decision
 from sol_control.ros import convert, qos
 from sol_control.ros.diagnostics import NodeStats
 from sol_control.ros.params import declare_config
-from sol_control.ros.side_streams import SIDE_READS, SideStreams
+from sol_control.ros.side_streams import SideStreams
 from sol_control.runner import RunnerHooks, TaskRunner
-from sol_control.telemetry import Frame, InputRejected, TelemetrySlots
+from sol_control.telemetry import Frame, InputRejected
 
 LOG_EVERY_S = 5.0
 SIDE_POLL_S = 0.1
@@ -45,7 +46,6 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
     def __init__(self, node_name: str = NODE_NAME, **kwargs: Any):
         LifecycleNode.__init__(self, node_name, **kwargs)
         self.stats = NodeStats()
-        self.slots = TelemetrySlots()
         self.cop = None
         self.config_error = ""
         self._state = "unconfigured"
@@ -55,7 +55,7 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
             self.get_logger().error(f"invalid parameters, node will not configure: {self._param_error}")
         self.add_on_set_parameters_callback(self._on_set_parameters)
         self._subs: list = []
-        self._side: SideStreams | None = None
+        self.side_streams: SideStreams | None = None
         self._side_timer = None
         self._pubs: dict[str, Any] = {}
         self.runners: dict[str, TaskRunner] = {}
@@ -95,14 +95,14 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
         self.config_error = ""
         self._create_publishers(cfg, self.cop.tasks)
         in_qos = qos.sensor_qos(cfg.deadline.max_staleness_ms)
-        self._side = SideStreams(self, self.slots, lambda: self.cfg, in_qos, self.reject)
+        self.side_streams = SideStreams(self, lambda: self.cfg.inputs, in_qos, self.reject, self.cop.tasks)
         self._subs = [
             self.create_subscription(Image, "camera/image_raw", self._on_image, in_qos),
             self.create_subscription(CompressedImage, "camera/image_raw/compressed", self._on_compressed, in_qos),
         ]
         # without frames nobody takes the side streams: count their rejections within SIDE_POLL_S
-        self._side_timer = self.create_timer(SIDE_POLL_S, self._side.take)
-        self.runners = {task: TaskRunner(task, self.cop, self.slots, self._publish, self) for task in self.cop.tasks}
+        self._side_timer = self.create_timer(SIDE_POLL_S, self.side_streams.take)
+        self.runners = {task: TaskRunner(task, self.cop, self._publish, self) for task in self.cop.tasks}
         self._state = "inactive"
         self.get_logger().info(f"configured: mode={cfg.mode}, bundles "
                                + ", ".join(f"{t}={cfg.bundle_dir(t)}" for t in self.cop.tasks))
@@ -134,7 +134,7 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
             self.get_logger().error(self.config_error)
             return TransitionCallbackReturn.FAILURE
         self.get_logger().info("warm: full-precision latency " + ", ".join(f"{t} {ms:.1f} ms" for t, ms in warm.items()))
-        self.slots.clear()
+        self.side_streams.clear()
         self._last_frame_stamp_ns = 0  # a restarted (sim) clock must not look like out-of-order frames
         # one runner per task: in mode both, QC and grasp decide the same frame in parallel, each
         # with its own budget from the stamp, instead of grasp getting what QC leaves
@@ -183,9 +183,9 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
         if self._side_timer is not None:
             self.destroy_timer(self._side_timer)
             self._side_timer = None
-        if self._side is not None:
-            self._side.destroy(self)
-            self._side = None
+        if self.side_streams is not None:
+            self.side_streams.destroy(self)
+            self.side_streams = None
         for s in self._subs:
             self.destroy_subscription(s)
         for p in self._pubs.values():
@@ -194,7 +194,6 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
         if self.cop is not None:
             self.cop.close()
             self.cop = None
-        self.slots.clear()
 
     def autostart(self) -> bool:
         """configure + activate; False (and the reason logged) when either fails."""
@@ -236,8 +235,9 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
             self.reject("conversion_error", f"{type(e).__name__}: {e}")
             return
         self._last_frame_stamp_ns = stamp
+        telemetry = self.side_streams.snapshot(frame, self.cfg.deadline.max_staleness_ms)
         for runner in self.runners.values():
-            runner.offer(frame)
+            runner.offer(telemetry)
 
     def _on_image(self, msg: Image, info) -> None:  # info: rclpy MessageInfo (DDS source timestamp)
         self._admit(msg, lambda stamp, start: Frame(
@@ -265,29 +265,17 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
             self.get_logger().error(f"no usable frame for {timeout_ms:.0f} ms: publishing safe defaults")
         self.stats.sensor_timeout = active
 
-    def take_side_streams(self, task: str) -> None:
-        if self._side is not None:
-            self._side.take(SIDE_READS[task])
-
     def ros_now_ns(self) -> int:
         return self.get_clock().now().nanoseconds
 
     # -- outputs ---------------------------------------------------------------------------------
     def _publish(self, d: Decision) -> None:
         """A labelled decision (the runner relabelled it at publish time) on its topics."""
+        frame_id = (self.cfg.grasp.frame_id or d.frame_id) if d.task == "grasp" else d.frame_id
+        self._marker_id = (self._marker_id + 1) % 64
         try:
-            pubs = self._pubs
-            pubs[d.task].publish(convert.decision_to_status(d))
-            frame_id = d.frame_id
-            if d.task == "grasp":
-                frame_id = self.cfg.grasp.frame_id or d.frame_id
-                if not d.action.hold:
-                    m = convert.grasp_to_ros(d.action, d.stamp_ns, frame_id)
-                    pubs["pose"].publish(m.pose)
-                    pubs["gripper"].publish(m.gripper)
-                    pubs["approach"].publish(m.approach)
-            self._marker_id = (self._marker_id + 1) % 64
-            pubs["markers"].publish(convert.markers_for(d, frame_id, self._marker_id))
+            for output, msg in convert.decision_messages(d, frame_id, self._marker_id):
+                self._pubs[output].publish(msg)
         except Exception as e:  # noqa: BLE001 - e.g. publishers torn down during deactivate
             self.error("publish_error", f"publish failed: {type(e).__name__}: {e}")
         self.stats.record(d)  # after publishing: counting is not on the decision's critical path

@@ -72,7 +72,7 @@ def replay(path: str | Path, cfg, tasks: tuple[str, ...]) -> dict:
     came before it in the recording."""
     from sol_control.coprocessor import Coprocessor
     from sol_control.runner import CountingHooks, TaskRunner
-    from sol_control.telemetry import Conveyor, Joints, TelemetrySlots
+    from sol_control.telemetry import Conveyor, Joints, Telemetry
 
     truth: dict[tuple[str, int], dict] = {}
     live: dict[tuple[str, int], dict] = {}
@@ -90,16 +90,10 @@ def replay(path: str | Path, cfg, tasks: tuple[str, ...]) -> dict:
             frames.append((CAMERAS[topic], msg, joints, conveyor))
     cop = Coprocessor(cfg)
     cop.warmup()
-    decisions, hooks, slots = [], CountingHooks(), TelemetrySlots()
-    runners = {t: TaskRunner(t, cop, slots, lambda d: decisions.append((d.task, d.stamp_ns, d)), hooks)
-               for t in cop.tasks}
+    decisions, hooks = [], CountingHooks()
+    runners = {t: TaskRunner(t, cop, lambda d: decisions.append((d.task, d.stamp_ns, d)), hooks) for t in cop.tasks}
     for task, msg, j, c in frames:          # decide after reading, so timing is the model's alone
-        slots.clear()
-        if j is not None:
-            slots.joints.put(j)
-        if c is not None:
-            slots.conveyor.put(c)
-        runners[task].decide(_frame(msg))
+        runners[task].decide(Telemetry(_frame(msg), joints=j, conveyor=c))
     cop.close()
     return score(decisions, truth, live, sum(hooks.rejected.values()))
 

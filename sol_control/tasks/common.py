@@ -70,11 +70,6 @@ def qc_m_to_px(x_m: float, y_m: float) -> tuple[float, float]:
     return c + x_m * QC_PX_PER_M, c - y_m * QC_PX_PER_M
 
 
-def wrap_half_pi(angle_rad: float) -> float:
-    """Wrap an axis angle (pi-periodic) to [-pi/2, pi/2)."""
-    return (angle_rad + math.pi / 2) % math.pi - math.pi / 2
-
-
 def value_to_bin(value: float, low: float, high: float, size: int = ACTION_BINS) -> int:
     """OpenVLA-style uniform bins: clip(floor((v - low) / (high - low) * size), 0, size - 1)."""
     b = int(math.floor((value - low) / (high - low) * size))

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from .common import (GRASP_APPROACH_DZ_M, GRASP_HEIGHT_M, GRASP_IMAGE_PX, GRASP_PX_PER_M, GRASP_SHAPES,
-                     GRASP_WIDTH_MARGIN_M, N_ARM_JOINTS, TABLE_RGB, grasp_m_to_px, rng_for, wrap_half_pi)
+from ..perception import wrap_half_pi
+from .common import (GRASP_APPROACH_DZ_M, GRASP_HEIGHT_M, GRASP_IMAGE_PX, GRASP_SHAPES, GRASP_WIDTH_MARGIN_M,
+                     N_ARM_JOINTS, TABLE_RGB, grasp_m_to_px, rng_for)
 from .qc import Lighting, apply_lighting
 
 SUPERSAMPLE = 4
