@@ -186,6 +186,8 @@ class PickStation:
     contact_excludes: tuple[tuple[str, str], ...]
     joint_damping: float
     joint_armature: float
+    arm_home_rad: tuple[float, ...]            # where the arm starts (and returns to)
+    finger_open_m: float                       # each finger's travel when open
     objects: tuple[PickObject, ...] = ()
 
 

@@ -81,7 +81,7 @@ def mesh_props(mesh: Mesh, density: float) -> MassProps:
     return MassProps(m, com, inertia_origin - m * (float(com @ com) * np.eye(3) - np.outer(com, com)))
 
 
-def _rotation_z_to(d: np.ndarray) -> np.ndarray:
+def rotation_z_to(d: np.ndarray) -> np.ndarray:
     """[3, 3] rotation taking +z onto the unit vector d."""
     z = np.array([0.0, 0.0, 1.0])
     axis = np.cross(z, d)
@@ -106,7 +106,7 @@ def geom_props(g: Geom, meshes: dict[str, Mesh]) -> MassProps:
         p0, p1 = np.asarray(g.fromto[:3], float), np.asarray(g.fromto[3:], float)
         length = float(np.linalg.norm(p1 - p0))
         m, inertia = _capsule(g.size[0], length / 2.0, density)
-        rot = _rotation_z_to((p1 - p0) / length)
+        rot = rotation_z_to((p1 - p0) / length)
         return MassProps(m, (p0 + p1) / 2.0, rot @ inertia @ rot.T)
     m, inertia = (_box(np.asarray(g.size, float), density) if g.kind == "box"
                   else _cylinder(g.size[0], g.size[1], density))

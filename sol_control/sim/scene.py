@@ -21,6 +21,7 @@ from sol_control.sim.description import (Body, Camera, Cell, Contact, Geom, Join
                                          Physics, PickObject, PickStation, PositionActuator, Pusher, QCLine, Site)
 from sol_control.tasks.common import (BELT_RGB, GRASP_FOV_M, GRASP_IMAGE_PX, GRIPPER_MAX_WIDTH_M,
                                       QC_FOV_M, QC_IMAGE_PX, TABLE_RGB)
+from sol_control.tasks.grasp import HOME_JOINTS_RAD
 
 __all__ = ["QC_IMAGE_PX", "GRASP_IMAGE_PX", "QC_FOV_M", "GRASP_FOV_M", "BELT_RGB", "build_qc_mjcf",
            "build_pick_mjcf", "qc_line", "pick_station", "pick_object", "cell"]
@@ -30,6 +31,7 @@ BELT_X_RANGE_M = (-0.45, 1.10)
 PART_HALF_HEIGHT_M = 0.005
 PART_SLOTS = 8                       # QC parts alive at once (pitch >= 0.2 m over 1.55 m of belt)
 PART_TEXTURE_PX = 256                # 0.78 mm/px over the largest part; the camera has 1.56 mm/px
+QC_PART_DENSITY = 1200.0             # kg/m^3; Gazebo only (MuJoCo moves its parts kinematically)
 PUSHER_HALF_M = (0.015, 0.03, 0.02)  # paddle half sizes x, y, z
 PUSHER_REST_Y_M = -BELT_HALF_WIDTH_M - 0.05
 PUSHER_REACH_Y_M = BELT_HALF_WIDTH_M + 0.07
@@ -84,6 +86,13 @@ def qc_line(ejector_x_m: float, timestep_s: float = 0.002, belt_speed_mps: float
         part_materials=tuple(Material(f"part_mat{i}", _rgba(BELT_RGB), texture_px=PART_TEXTURE_PX)
                              for i in range(PART_SLOTS)),
     )
+
+
+def qc_part(name: str, size_m: float) -> Body:
+    """A spawned QC part as a body of its own (Gazebo): a thin square plate of side size_m.
+    MuJoCo reuses `part_slots` instead and draws the part as a texture on a padded plate."""
+    return Body(name, free=True, geoms=(Geom("box", size=(size_m / 2, size_m / 2, PART_HALF_HEIGHT_M), name=name,
+                                             rgba=_rgba(BELT_RGB), density=QC_PART_DENSITY),))
 
 
 def build_qc_mjcf(ejector_x_m: float, timestep_s: float = 0.002) -> str:
@@ -184,7 +193,7 @@ def pick_station(objects=(), timestep_s: float = 0.002) -> PickStation:
                         xyaxes=(0.646, 0.763, 0.0, -0.376, 0.318, 0.870)),
         arm=arm(), arm_joints=ARM_JOINTS, finger_joints=FINGER_JOINTS, actuators=actuators,
         contact_excludes=(("link1", "link2"), ("arm_base", "link1")),
-        joint_damping=2.0, joint_armature=0.05,
+        joint_damping=2.0, joint_armature=0.05, arm_home_rad=tuple(HOME_JOINTS_RAD), finger_open_m=FINGER_MAX_M,
         objects=tuple(pick_object(i, ob) for i, ob in enumerate(objects)),
     )
 
