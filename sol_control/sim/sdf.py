@@ -15,8 +15,8 @@ Mapping (MuJoCo → Gazebo):
   (100 m) from the station surface on the MuJoCo camera's axis, with focal length
   px_per_m * STANDOFF_M (<lens><intrinsics>) and its near clip at the MuJoCo camera's position:
   the plane z = 0 images exactly as in MuJoCo, a point h above it is off by
-  px_per_m * r * h / (STANDOFF_M - h) pixels at r metres from the axis (< 0.07 px for the 7 cm
-  objects at the image corner).
+  px_per_m * r * h / (STANDOFF_M - h) pixels at r metres from the axis (< 0.1 px for the 7 cm
+  objects, even in the image corners).
 """
 from __future__ import annotations
 

@@ -88,10 +88,13 @@ def convex_hull_2d(points: np.ndarray) -> np.ndarray:
     """[H, 2] counter-clockwise hull of points [N, 2] (Andrew's monotone chain)."""
     pts = sorted(map(tuple, np.asarray(points, float)))
 
+    def turn(o, a, b) -> float:                       # > 0: o → a → b turns left
+        return (a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0])
+
     def half(seq):
         out: list = []
         for p in seq:
-            while len(out) >= 2 and np.cross(np.subtract(out[-1], out[-2]), np.subtract(p, out[-2])) <= 0:
+            while len(out) >= 2 and turn(out[-2], out[-1], p) <= 0:
                 out.pop()
             out.append(p)
         return out[:-1]
