@@ -117,7 +117,7 @@ def test_world_holds_the_described_cell(run):
     assert float(joints["pusher"].findtext("axis/limit/upper")) == pytest.approx(travel)
     arm = [(j.get("name"), j.get("type"), j.findtext("axis/xyz")) for j in models["arm"].findall("joint")][1:]
     described = [(b.joint.name, b.joint.axis) for b in scene.arm().walk() if b.joint]
-    assert [a[0] for a in arm] == [d[0] for d in described] == ["j1", "j2", "j3", "j4", "j5", "j6", "finger_l", "finger_r"]
+    assert [a[0] for a in arm] == [d[0] for d in described] == [*scene.ARM_JOINTS, *scene.FINGER_JOINTS]
     assert [a[1] for a in arm] == ["revolute"] * 6 + ["prismatic"] * 2
     assert [tuple(map(float, a[2].split())) for a in arm] == [d[1] for d in described]
     included = [i.findtext("uri") for i in world.findall("include")]
@@ -259,7 +259,8 @@ def test_cameras_match_the_mujoco_cameras(run, station):
     # view extent: fovy metres of the station surface over the image side
     assert c["fx"] == c["fy"] and size / (c["fx"] / c["pos"][2]) == pytest.approx(model.cam_fovy[i], rel=1e-12)
     # where metres land: exactly on the surface, < 0.1 px up to the tallest object (7 cm)
-    xy = np.stack(np.meshgrid(np.linspace(-1, 1, 9), np.linspace(-1, 1, 9)), -1).reshape(-1, 2) * model.cam_fovy[i] / 2
+    grid = np.linspace(-1, 1, 9) * model.cam_fovy[i] / 2
+    xy = np.stack(np.meshgrid(grid, grid), -1).reshape(-1, 2)          # [81, 2] over the whole view
     expected = np.array([to_px(x, y) for x, y in xy])
     for h_m, tol_px in ((0.0, 1e-6), (0.01, 0.02), (0.07, 0.1)):
         got = _project(c, np.c_[xy, np.full(len(xy), h_m)] + offset)

@@ -29,7 +29,8 @@ from sol_control.sim.description import Cell
 from sol_control.sim.sdf_cell import Include
 
 
-def qc_schedule(seed: int, cfg: ConveyorConfig, duration_s: float, timestep_s: float = 0.002) -> list[tuple[float, QCPart]]:
+def qc_schedule(seed: int, cfg: ConveyorConfig, duration_s: float,
+                timestep_s: float = 0.002) -> list[tuple[float, QCPart]]:
     """(spawn time s, part) for every part spawned before duration_s, drawn as sim/conveyor.py draws
     them (same generator stream, same spawn test on the 2 ms step grid, same slot limit)."""
     rng = np.random.default_rng(np.random.SeedSequence(seed).spawn(2)[0])

@@ -26,7 +26,8 @@ def _rgb(values) -> str:
 def _header(name: str, physics: Physics, light: Lighting) -> str:
     return f"""<mujoco model="{name}">
   <compiler angle="radian"/>
-  <option timestep="{physics.timestep_s}" cone="{physics.cone}" impratio="{physics.impratio:g}" integrator="{physics.integrator}"/>
+  <option timestep="{physics.timestep_s}" cone="{physics.cone}" impratio="{physics.impratio:g}" \
+integrator="{physics.integrator}"/>
   <visual>
     <headlight ambient="{_num(light.ambient)}" diffuse="{_num(light.diffuse)}" specular="{_num(light.specular)}"/>
     <map znear="0.01"/>
@@ -41,7 +42,8 @@ def material_xml(m: Material) -> str:
     tex = m.name.replace("_mat", "_tex")              # part_mat3 → part_tex3 (sim/conveyor.py finds it by name)
     return (f'<texture name="{tex}" type="2d" builtin="flat" rgb1="{_rgb(m.rgba[:3])}" '
             f'width="{m.texture_px}" height="{m.texture_px}"/>'
-            f'<material name="{m.name}" texture="{tex}" texrepeat="1 1" texuniform="false" {FLAT if m.flat else ""}/>')
+            f'<material name="{m.name}" texture="{tex}" texrepeat="1 1" texuniform="false" '
+            f'{FLAT if m.flat else ""}/>')
 
 
 def mesh_xml(m: Mesh) -> str:

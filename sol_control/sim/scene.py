@@ -136,7 +136,8 @@ def pick_object(i: int, ob) -> PickObject:
         r = float(np.max(np.linalg.norm(poly, axis=1)))
         geoms = (Geom("cylinder", size=(r, h), **main), Geom("cylinder", size=(r - RIM_M, 0.0002), **top))
     else:
-        meshes = (prism_mesh(f"obj{i}_mesh", poly, ob.height_m), prism_mesh(f"obj{i}_top", _shrink(poly, RIM_M), 0.0004))
+        meshes = (prism_mesh(f"obj{i}_mesh", poly, ob.height_m),
+                  prism_mesh(f"obj{i}_top", _shrink(poly, RIM_M), 0.0004))
         geoms = (Geom("mesh", mesh=f"obj{i}_mesh", **main), Geom("mesh", mesh=f"obj{i}_top", **top))
     qw, qz = np.cos(ob.yaw_rad / 2), np.sin(ob.yaw_rad / 2)
     body = Body(f"obj{i}", pos=(ob.x_m, ob.y_m, h + 0.0005), quat=(qw, 0.0, 0.0, qz), free=True, geoms=geoms)

@@ -46,18 +46,20 @@ GZ_FROM_MJ_CAMERA = np.array([[0.0, -1.0, 0.0], [0.0, 0.0, 1.0], [-1.0, 0.0, 0.0
 
 # ---- XML helpers ------------------------------------------------------------------------------
 
-def _el(parent: ET.Element, tag: str, text=None, **attrs) -> ET.Element:
+def element(parent: ET.Element, tag: str, text=None, **attrs) -> ET.Element:
+    """A child element; numbers (scalars or sequences) become space-separated %.9g text."""
     e = ET.SubElement(parent, tag, {k: str(v) for k, v in attrs.items()})
     if text is not None:
         e.text = text if isinstance(text, str) else " ".join(f"{v:.9g}" for v in np.atleast_1d(text))
     return e
 
 
-def _plugin(parent: ET.Element, plugin: tuple[str, str], **params) -> ET.Element:
-    p = _el(parent, "plugin", filename=plugin[0], name=plugin[1])
+def plugin(parent: ET.Element, system: tuple[str, str], **params) -> ET.Element:
+    """<plugin filename=... name=...> with one child per parameter (a list repeats the element)."""
+    p = element(parent, "plugin", filename=system[0], name=system[1])
     for key, value in params.items():
         for v in value if isinstance(value, (list, tuple)) else [value]:
-            _el(p, key, v if isinstance(v, str) else f"{v:.9g}" if isinstance(v, float) else str(v))
+            element(p, key, v if isinstance(v, str) else f"{v:.9g}" if isinstance(v, float) else str(v))
     return p
 
 
@@ -70,75 +72,75 @@ def quat_from_matrix(r: np.ndarray) -> np.ndarray:
     return np.array([w, x, y, z])
 
 
-def _pose(parent: ET.Element, xyz=(0.0, 0.0, 0.0), quat=None, relative_to: str | None = None) -> ET.Element:
+def pose(parent: ET.Element, xyz=(0.0, 0.0, 0.0), quat=None, relative_to: str | None = None) -> ET.Element:
     """<pose>: translation, and a unit quaternion written as x y z w (SDF 1.9 quat_xyzw)."""
     attrs = {"relative_to": relative_to} if relative_to else {}
     if quat is None:
-        return _el(parent, "pose", np.concatenate([xyz, np.zeros(3)]), **attrs)
+        return element(parent, "pose", np.concatenate([xyz, np.zeros(3)]), **attrs)
     q = np.asarray(quat, float) / np.linalg.norm(quat)
-    return _el(parent, "pose", np.concatenate([xyz, q[1:], q[:1]]), rotation_format="quat_xyzw", **attrs)
+    return element(parent, "pose", np.concatenate([xyz, q[1:], q[:1]]), rotation_format="quat_xyzw", **attrs)
 
 
-def _material(parent: ET.Element, rgba, albedo_map: str | None = None) -> None:
+def material(parent: ET.Element, rgba, albedo_map: str | None = None) -> None:
     """Lit by the ambient headlight only (sim/description.Lighting): ambient = diffuse = colour."""
-    m = _el(parent, "material")
-    _el(m, "ambient", rgba)
-    _el(m, "diffuse", rgba)
-    _el(m, "specular", "0 0 0 1")
+    m = element(parent, "material")
+    element(m, "ambient", rgba)
+    element(m, "diffuse", rgba)
+    element(m, "specular", "0 0 0 1")
     if albedo_map:
-        metal = _el(_el(m, "pbr"), "metal")
-        _el(metal, "albedo_map", albedo_map)
-        _el(metal, "metalness", "0")
-        _el(metal, "roughness", "1")
+        metal = element(element(m, "pbr"), "metal")
+        element(metal, "albedo_map", albedo_map)
+        element(metal, "metalness", "0")
+        element(metal, "roughness", "1")
 
 
 # ---- geoms, links, joints ---------------------------------------------------------------------
 
 def _geometry(parent: ET.Element, g: Geom, mesh_uri) -> None:
-    geo = _el(parent, "geometry")
+    geo = element(parent, "geometry")
     if g.kind == "box":
-        _el(_el(geo, "box"), "size", 2.0 * np.asarray(g.size))
+        element(element(geo, "box"), "size", 2.0 * np.asarray(g.size))
     elif g.kind == "cylinder":
-        cyl = _el(geo, "cylinder")
-        _el(cyl, "radius", g.size[0])
-        _el(cyl, "length", 2.0 * g.size[1])
+        cyl = element(geo, "cylinder")
+        element(cyl, "radius", g.size[0])
+        element(cyl, "length", 2.0 * g.size[1])
     elif g.kind == "capsule":
-        cap = _el(geo, "capsule")
-        _el(cap, "radius", g.size[0])
-        _el(cap, "length", float(np.linalg.norm(np.subtract(g.fromto[3:], g.fromto[:3]))))
+        cap = element(geo, "capsule")
+        element(cap, "radius", g.size[0])
+        element(cap, "length", float(np.linalg.norm(np.subtract(g.fromto[3:], g.fromto[:3]))))
     else:
-        _el(_el(geo, "mesh"), "uri", mesh_uri(g.mesh))
+        element(element(geo, "mesh"), "uri", mesh_uri(g.mesh))
 
 
 def _geom_pose(parent: ET.Element, g: Geom) -> None:
     """Box/cylinder/mesh at g.pos; a capsule (SDF: along its z) at the middle of its fromto."""
     if g.kind != "capsule":
-        _pose(parent, g.pos)
+        pose(parent, g.pos)
         return
     p0, p1 = np.asarray(g.fromto[:3], float), np.asarray(g.fromto[3:], float)
     rot = rotation_z_to((p1 - p0) / np.linalg.norm(p1 - p0))
-    _pose(parent, (p0 + p1) / 2.0, None if np.allclose(rot, np.eye(3)) else quat_from_matrix(rot))
+    pose(parent, (p0 + p1) / 2.0, None if np.allclose(rot, np.eye(3)) else quat_from_matrix(rot))
 
 
 def _surface(parent: ET.Element, g: Geom) -> None:
     if g.contact is None or g.contact.friction is None:
         return
     sliding, torsional, _rolling = g.contact.friction
-    friction = _el(_el(parent, "surface"), "friction")
-    _el(_el(friction, "torsional"), "coefficient", torsional)
-    ode = _el(friction, "ode")
-    _el(ode, "mu", sliding)
-    _el(ode, "mu2", sliding)
+    friction = element(element(parent, "surface"), "friction")
+    element(element(friction, "torsional"), "coefficient", torsional)
+    ode = element(friction, "ode")
+    element(ode, "mu", sliding)
+    element(ode, "mu2", sliding)
 
 
 def _inertial(parent: ET.Element, p: MassProps) -> None:
-    inertial = _el(parent, "inertial")
-    _pose(inertial, p.com_m)
-    _el(inertial, "mass", p.mass_kg)
-    i = _el(inertial, "inertia")
+    inertial = element(parent, "inertial")
+    pose(inertial, p.com_m)
+    element(inertial, "mass", p.mass_kg)
+    i = element(inertial, "inertia")
     for name, (r, c) in (("ixx", (0, 0)), ("ixy", (0, 1)), ("ixz", (0, 2)), ("iyy", (1, 1)), ("iyz", (1, 2)),
                          ("izz", (2, 2))):
-        _el(i, name, float(p.inertia[r, c]))
+        element(i, name, float(p.inertia[r, c]))
 
 
 def link_name(body: Body) -> str:
@@ -151,10 +153,10 @@ def link(model: ET.Element, body: Body, relative_to: str | None = None, meshes: 
     """One link for `body` (its own geoms only), posed relative to `relative_to` (None: the model).
     `mesh_uri(name)` gives a mesh geom's file, `hull_uri(name)` its collision shape (MuJoCo collides
     a mesh's convex hull; default: the mesh itself); `colors` the rgba of named materials."""
-    ln = _el(model, "link", name=link_name(body))
-    _pose(ln, body.pos, body.quat, relative_to)
+    ln = element(model, "link", name=link_name(body))
+    pose(ln, body.pos, body.quat, relative_to)
     if body.gravcomp:
-        _el(ln, "gravity", "false")
+        element(ln, "gravity", "false")
     props = body_props(body, meshes or {})
     if props.mass_kg < min_mass_kg:                      # a physics engine needs some mass
         props = MassProps(min_mass_kg, props.com_m, np.eye(3) * 1e-7)
@@ -162,31 +164,31 @@ def link(model: ET.Element, body: Body, relative_to: str | None = None, meshes: 
     for k, g in enumerate(body.geoms):
         name = g.name or f"{link_name(body)}_{g.kind}{k}"
         if g.collides != "none":
-            col = _el(ln, "collision", name=f"{name}_collision")
+            col = element(ln, "collision", name=f"{name}_collision")
             _geom_pose(col, g)
             _geometry(col, g, hull_uri or mesh_uri)
             _surface(col, g)
-        vis = _el(ln, "visual", name=f"{name}_visual")
+        vis = element(ln, "visual", name=f"{name}_visual")
         _geom_pose(vis, g)
         _geometry(vis, g, mesh_uri)
-        _material(vis, g.rgba if g.rgba is not None else (colors or {})[g.material])
+        material(vis, g.rgba if g.rgba is not None else (colors or {})[g.material])
     return ln
 
 
 def joint(model: ET.Element, name: str, kind: str, parent: str, child: str, axis=None, limits=None,
           damping: float | None = None) -> ET.Element:
-    j = _el(model, "joint", name=name, type=kind)
-    _el(j, "parent", parent)
-    _el(j, "child", child)
+    j = element(model, "joint", name=name, type=kind)
+    element(j, "parent", parent)
+    element(j, "child", child)
     if axis is not None:
-        ax = _el(j, "axis")
-        _el(ax, "xyz", axis)
-        lim = _el(ax, "limit")
+        ax = element(j, "axis")
+        element(ax, "xyz", axis)
+        lim = element(ax, "limit")
         lo, hi = limits if limits is not None else (-1e16, 1e16)
-        _el(lim, "lower", lo)
-        _el(lim, "upper", hi)
+        element(lim, "lower", lo)
+        element(lim, "upper", hi)
         if damping is not None:
-            _el(_el(ax, "dynamics"), "damping", damping)
+            element(element(ax, "dynamics"), "damping", damping)
     return j
 
 
@@ -234,30 +236,30 @@ def pinhole(cam: Camera) -> Pinhole:
 def camera_model(world: ET.Element, cam: Camera, relative_to: str | None = None) -> ET.Element:
     """A static model `<cam.frame_id>` holding the camera sensor that publishes on cam.topic."""
     ph = pinhole(cam)
-    m = _el(world, "model", name=cam.frame_id)
-    _el(m, "static", "true")
-    _pose(m, ph.pos_m, ph.quat, relative_to)
-    sensor = _el(_el(m, "link", name="link"), "sensor", name=cam.frame_id, type="camera")
-    _el(sensor, "always_on", "true")
-    _el(sensor, "update_rate", float(cam.rate_hz))
-    _el(sensor, "topic", cam.topic)
-    c = _el(sensor, "camera", name=cam.name)
+    m = element(world, "model", name=cam.frame_id)
+    element(m, "static", "true")
+    pose(m, ph.pos_m, ph.quat, relative_to)
+    sensor = element(element(m, "link", name="link"), "sensor", name=cam.frame_id, type="camera")
+    element(sensor, "always_on", "true")
+    element(sensor, "update_rate", float(cam.rate_hz))
+    element(sensor, "topic", cam.topic)
+    c = element(sensor, "camera", name=cam.name)
     c.append(ET.Comment(" overridden by <lens><intrinsics>: an orthographic view of "
                         f"{cam.fovy} m seen from {STANDOFF_M:g} m "))
-    _el(c, "horizontal_fov", "0.1")
-    image = _el(c, "image")
-    _el(image, "width", str(cam.size_px))
-    _el(image, "height", str(cam.size_px))
-    _el(image, "format", "R8G8B8")
-    clip = _el(c, "clip")
-    _el(clip, "near", ph.near_m)
-    _el(clip, "far", ph.far_m)
-    lens = _el(c, "lens")
-    _el(lens, "type", "gnomonical")
-    _el(lens, "scale_to_hfov", "false")
-    intr = _el(lens, "intrinsics")
+    element(c, "horizontal_fov", "0.1")
+    image = element(c, "image")
+    element(image, "width", str(cam.size_px))
+    element(image, "height", str(cam.size_px))
+    element(image, "format", "R8G8B8")
+    clip = element(c, "clip")
+    element(clip, "near", ph.near_m)
+    element(clip, "far", ph.far_m)
+    lens = element(c, "lens")
+    element(lens, "type", "gnomonical")
+    element(lens, "scale_to_hfov", "false")
+    intr = element(lens, "intrinsics")
     for key, value in (("fx", ph.fx_px), ("fy", ph.fx_px), ("cx", ph.c_px), ("cy", ph.c_px), ("s", 0.0)):
-        _el(intr, key, value)
+        element(intr, key, value)
     return m
 
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from sol_control.sim import sdf
 from sol_control.sim.description import Body, Cell, Geom, Lighting, PickStation, QCLine
-from sol_control.sim.sdf import _el, _plugin, _pose
+from sol_control.sim.sdf import element, plugin, pose
 
 BACKGROUND_RGBA = (0.85, 0.85, 0.85, 1.0)
 
@@ -27,37 +27,37 @@ class Include:
 
 
 def _world_settings(w: ET.Element, cell: Cell) -> None:
-    physics = _el(w, "physics", name="cell_step", type="ignored")
-    _el(physics, "max_step_size", cell.qc.physics.timestep_s)
-    _el(physics, "real_time_factor", 1.0)
-    _plugin(w, sdf.PHYSICS)
-    _plugin(w, sdf.USER_COMMANDS)
-    _plugin(w, sdf.SCENE_BROADCASTER)
-    _plugin(w, sdf.SENSORS, render_engine="ogre2")
-    _el(w, "gravity", "0 0 -9.81")
+    physics = element(w, "physics", name="cell_step", type="ignored")
+    element(physics, "max_step_size", cell.qc.physics.timestep_s)
+    element(physics, "real_time_factor", 1.0)
+    plugin(w, sdf.PHYSICS)
+    plugin(w, sdf.USER_COMMANDS)
+    plugin(w, sdf.SCENE_BROADCASTER)
+    plugin(w, sdf.SENSORS, render_engine="ogre2")
+    element(w, "gravity", "0 0 -9.81")
     _lights(w, cell.qc.lighting)
-    _pose(_el(w, "frame", name="pick_table"), cell.pick_table_in_world_m)
+    pose(element(w, "frame", name="pick_table"), cell.pick_table_in_world_m)
 
 
 def _lights(w: ET.Element, light: Lighting) -> None:
     """MuJoCo's headlight: ambient light only (no diffuse, no shadows)."""
-    scene = _el(w, "scene")
-    _el(scene, "ambient", (*light.ambient, 1.0))
-    _el(scene, "background", BACKGROUND_RGBA)
-    _el(scene, "shadows", "false")
-    _el(scene, "grid", "false")
-    sun = _el(w, "light", name="headlight", type="directional")
-    _el(sun, "cast_shadows", "false")
-    _el(sun, "diffuse", (*light.diffuse, 1.0))
-    _el(sun, "specular", (*light.specular, 1.0))
-    _el(sun, "direction", "0 0 -1")
+    scene = element(w, "scene")
+    element(scene, "ambient", (*light.ambient, 1.0))
+    element(scene, "background", BACKGROUND_RGBA)
+    element(scene, "shadows", "false")
+    element(scene, "grid", "false")
+    sun = element(w, "light", name="headlight", type="directional")
+    element(sun, "cast_shadows", "false")
+    element(sun, "diffuse", (*light.diffuse, 1.0))
+    element(sun, "specular", (*light.specular, 1.0))
+    element(sun, "direction", "0 0 -1")
 
 
 def _static_model(w: ET.Element, name: str, geom: Geom, colors: dict, relative_to: str | None = None) -> None:
     """A static one-link model whose link sits at the geom's position."""
-    m = _el(w, "model", name=name)
-    _el(m, "static", "true")
-    _pose(m, (0.0, 0.0, 0.0), None, relative_to)
+    m = element(w, "model", name=name)
+    element(m, "static", "true")
+    pose(m, (0.0, 0.0, 0.0), None, relative_to)
     body = Body(name, pos=geom.pos, geoms=(Geom(geom.kind, size=geom.size, name=geom.name, rgba=geom.rgba,
                                                  material=geom.material, contact=geom.contact),))
     sdf.link(m, body, colors=colors)
@@ -67,8 +67,8 @@ def conveyor_model(w: ET.Element, line: QCLine) -> None:
     """Links `frame` (the belt body, fixed; TrackController moves its contact surface),
     `belt_encoder` (on prismatic joint `belt`, driven at the belt speed: the belt's position and
     velocity) and `paddle` (on prismatic joint `pusher`)."""
-    m = _el(w, "model", name="conveyor")
-    _pose(m)
+    m = element(w, "model", name="conveyor")
+    pose(m)
     belt = line.belt
     frame = Body("frame", pos=belt.pos, geoms=(Geom(belt.kind, size=belt.size, name="belt_surface",
                                                      rgba=line.belt_material.rgba),))
@@ -80,19 +80,19 @@ def conveyor_model(w: ET.Element, line: QCLine) -> None:
     sdf.joint(m, "belt", "prismatic", "frame", "belt_encoder", axis=(1.0, 0.0, 0.0))
     sdf.joint(m, "pusher", "prismatic", "frame", "paddle", axis=line.pusher.axis, limits=(0.0, line.pusher.travel_m))
     stroke_mps = line.pusher.travel_m / line.pusher.stroke_s
-    _plugin(m, sdf.JOINT_STATE, joint_name="belt")
-    _plugin(m, sdf.JOINT_VELOCITY, joint_name="belt", initial_velocity=float(line.belt_speed_mps))
-    _plugin(m, sdf.JOINT_POSITION, joint_name="pusher", use_velocity_commands="true",
+    plugin(m, sdf.JOINT_STATE, joint_name="belt")
+    plugin(m, sdf.JOINT_VELOCITY, joint_name="belt", initial_velocity=float(line.belt_speed_mps))
+    plugin(m, sdf.JOINT_POSITION, joint_name="pusher", use_velocity_commands="true",
             cmd_max=float(stroke_mps), cmd_min=float(-stroke_mps), initial_position=0.0)
-    _plugin(m, sdf.TRACK, link="frame")
+    plugin(m, sdf.TRACK, link="frame")
 
 
 def arm_model(w: ET.Element, st: PickStation) -> None:
     """The arm fixed to the table: links = bodies, revolute j1..j6 and prismatic fingers, position
     controllers with MuJoCo's gains, joint states of the arm and of the gripper on two topics."""
-    m = _el(w, "model", name="arm")
+    m = element(w, "model", name="arm")
     base = st.arm
-    _pose(m, base.pos, base.quat, "pick_table")
+    pose(m, base.pos, base.quat, "pick_table")
     sdf.link(m, Body(base.name, geoms=base.geoms))
     sdf.joint(m, "anchor", "fixed", "world", base.name)
     parents = {c.name: sdf.link_name(b) for b in base.walk() for c in b.children}
@@ -102,27 +102,27 @@ def arm_model(w: ET.Element, st: PickStation) -> None:
         damping = j.damping if j.damping is not None else st.joint_damping
         sdf.joint(m, j.name, "revolute" if j.kind == "hinge" else "prismatic", parents[body.name],
                   sdf.link_name(body), axis=j.axis, limits=j.range, damping=damping)
-    _plugin(m, sdf.JOINT_STATE, joint_name=list(st.arm_joints))
-    _plugin(m, sdf.JOINT_STATE, joint_name=list(st.finger_joints),
+    plugin(m, sdf.JOINT_STATE, joint_name=list(st.arm_joints))
+    plugin(m, sdf.JOINT_STATE, joint_name=list(st.finger_joints),
             topic="/world/sol_control_cell/model/arm/gripper/joint_state")
     start = dict(zip(st.arm_joints, st.arm_home_rad)) | {f: st.finger_open_m for f in st.finger_joints}
     for a in st.actuators:
         limit = a.force_limit_n if a.force_limit_n is not None else 1000.0
-        _plugin(m, sdf.JOINT_POSITION, joint_name=a.joint, p_gain=float(a.kp), i_gain=0.0, d_gain=float(a.kv),
+        plugin(m, sdf.JOINT_POSITION, joint_name=a.joint, p_gain=float(a.kp), i_gain=0.0, d_gain=float(a.kv),
                 cmd_max=float(limit), cmd_min=float(-limit), initial_position=float(start[a.joint]))
 
 
 def _include(w: ET.Element, inc: Include) -> None:
-    e = _el(w, "include")
-    _el(e, "uri", f"model://{inc.name}")
-    _el(e, "name", inc.name)
-    _pose(e, inc.pos_m, inc.quat, inc.relative_to)
+    e = element(w, "include")
+    element(e, "uri", f"model://{inc.name}")
+    element(e, "name", inc.name)
+    pose(e, inc.pos_m, inc.quat, inc.relative_to)
 
 
 def world(cell: Cell, includes: tuple[Include, ...] = ()) -> ET.Element:
     """<sdf version="1.9"> with world `cell.world_name`."""
     root = ET.Element("sdf", version=sdf.SDF_VERSION)
-    w = _el(root, "world", name=cell.world_name)
+    w = element(root, "world", name=cell.world_name)
     _world_settings(w, cell)
     qc, pick = cell.qc, cell.pick
     conveyor_model(w, qc)

@@ -22,7 +22,7 @@ from sol_control.sim import scene, sdf
 from sol_control.sim.appearance import QCPart
 from sol_control.sim.conveyor import TEXTURE_PAD, part_texture
 from sol_control.sim.description import Body, Mesh, PickObject
-from sol_control.sim.sdf import _el, _pose
+from sol_control.sim.sdf import element, pose
 
 TOP_LIFT_M = 0.0001          # the textured quad floats this far above the plate (no z-fighting)
 
@@ -60,8 +60,8 @@ def _model_config(folder: Path, name: str, what: str) -> None:
 
 def _model_root(name: str) -> tuple[ET.Element, ET.Element]:
     root = ET.Element("sdf", version=sdf.SDF_VERSION)
-    model = _el(root, "model", name=name)
-    _pose(model)
+    model = element(root, "model", name=name)
+    pose(model)
     return root, model
 
 
@@ -72,10 +72,10 @@ def write_part_model(models_dir: Path, name: str, part: QCPart) -> Path:
     root, model = _model_root(name)
     body = scene.qc_part("part", part.size_m)
     ln = sdf.link(model, Body("part", geoms=body.geoms))
-    vis = _el(ln, "visual", name="top_visual")
-    _pose(vis)
-    _el(_el(_el(vis, "geometry"), "mesh"), "uri", f"model://{name}/top.obj")
-    sdf._material(vis, (1.0, 1.0, 1.0, 1.0), albedo_map=f"model://{name}/top.png")
+    vis = element(ln, "visual", name="top_visual")
+    pose(vis)
+    element(element(element(vis, "geometry"), "mesh"), "uri", f"model://{name}/top.obj")
+    sdf.material(vis, (1.0, 1.0, 1.0, 1.0), albedo_map=f"model://{name}/top.png")
     _textured_quad(folder, padded_half_m(part.size_m), scene.PART_HALF_HEIGHT_M + TOP_LIFT_M,
                    part_texture(part, scene.BELT_RGB))
     folder.joinpath("model.sdf").write_text(sdf.to_xml(root, f"QC part {name}: {part.spec.family}, defect "
@@ -117,6 +117,7 @@ def write_object_model(models_dir: Path, name: str, ob: PickObject, footprint_m:
     root, model = _model_root(name)
     sdf.link(model, Body("object", geoms=ob.body.geoms), meshes=meshes,
              mesh_uri=lambda mesh: f"model://{name}/{mesh}.obj", hull_uri=lambda mesh: hulls[mesh])
-    folder.joinpath("model.sdf").write_text(sdf.to_xml(root, f"pick object {name}; written by sol_control.sim.sdf_models"))
+    folder.joinpath("model.sdf").write_text(sdf.to_xml(root, f"pick object {name}; written by "
+                                                             "sol_control.sim.sdf_models"))
     _model_config(folder, name, "sol_control pick object")
     return folder
