@@ -192,7 +192,7 @@ class PickStation:
 
 
 @dataclass(frozen=True)
-class Cell:
+class CellLayout:
     """Both stations and where the pick station's frame sits in a shared (Gazebo) world."""
     qc: QCLine
     pick: PickStation

@@ -25,14 +25,15 @@ from sol_control.sim import scene, sdf_cell, sdf_models
 from sol_control.sim.appearance import QCPart, sample_pick_scene, sample_qc_part, teacher_label
 from sol_control.sim.config import ConveyorConfig
 from sol_control.sim.conveyor import END_X_M, SPAWN_X_M
-from sol_control.sim.description import Cell
+from sol_control.sim.description import CellLayout
 from sol_control.sim.sdf_cell import Include
 
 
 def qc_schedule(seed: int, cfg: ConveyorConfig, duration_s: float,
                 timestep_s: float = 0.002) -> list[tuple[float, QCPart]]:
     """(spawn time s, part) for every part spawned before duration_s, drawn as sim/conveyor.py draws
-    them (same generator stream, same spawn test on the 2 ms step grid, same slot limit)."""
+    them (same generator stream, same spawn test on the step grid; the slot limit counts parts as
+    leaving at the belt's end, which only matters when PART_SLOTS parts are on the belt at once)."""
     rng = np.random.default_rng(np.random.SeedSequence(seed).spawn(2)[0])
     life_s = (END_X_M - SPAWN_X_M) / cfg.belt_speed_mps       # unpushed parts leave at the belt's end
     out: list[tuple[float, QCPart]] = []
@@ -68,7 +69,7 @@ def _create_request(world: str, name: str, pos, quat) -> str:
             f"--timeout 2000 --req '{req}'")
 
 
-def _parts(cell: Cell, models: Path, schedule) -> list[dict]:
+def _parts(cell: CellLayout, models: Path, schedule) -> list[dict]:
     out = []
     for k, (t_s, part) in enumerate(schedule):
         name = f"qc_part_{k:04d}"
@@ -80,7 +81,7 @@ def _parts(cell: Cell, models: Path, schedule) -> list[dict]:
     return out
 
 
-def _scenes(cell: Cell, models: Path, scenes) -> list[dict]:
+def _scenes(cell: CellLayout, models: Path, scenes) -> list[dict]:
     out = []
     for s, sc in enumerate(scenes):
         target, label = teacher_label(sc)

@@ -17,8 +17,9 @@ from __future__ import annotations
 import numpy as np
 
 from sol_control.sim import mjcf
-from sol_control.sim.description import (Body, Camera, Cell, Contact, Geom, Joint, Lighting, Material, Mesh,
-                                         Physics, PickObject, PickStation, PositionActuator, Pusher, QCLine, Site)
+from sol_control.sim.description import (Body, Camera, CellLayout, Contact, Geom, Joint, Lighting, Material,
+                                         Mesh, Physics, PickObject, PickStation, PositionActuator, Pusher, QCLine,
+                                         Site)
 from sol_control.tasks.common import (BELT_RGB, GRASP_FOV_M, GRASP_IMAGE_PX, GRIPPER_MAX_WIDTH_M,
                                       QC_FOV_M, QC_IMAGE_PX, TABLE_RGB)
 from sol_control.tasks.grasp import HOME_JOINTS_RAD
@@ -205,7 +206,7 @@ def build_pick_mjcf(objects=(), timestep_s: float = 0.002) -> str:
 
 
 def cell(ejector_x_m: float, belt_speed_mps: float, pusher_stroke_s: float = 0.12, objects=(),
-         timestep_s: float = 0.002) -> Cell:
+         timestep_s: float = 0.002) -> CellLayout:
     """Both stations; `pick_table` at PICK_TABLE_IN_WORLD_M of the shared (Gazebo) world."""
-    return Cell(qc_line(ejector_x_m, timestep_s, belt_speed_mps, pusher_stroke_s),
+    return CellLayout(qc_line(ejector_x_m, timestep_s, belt_speed_mps, pusher_stroke_s),
                 pick_station(objects, timestep_s), PICK_TABLE_IN_WORLD_M)

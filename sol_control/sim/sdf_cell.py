@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sol_control.sim import sdf
-from sol_control.sim.description import Body, Cell, Geom, Lighting, PickStation, QCLine
+from sol_control.sim.description import Body, CellLayout, Geom, Lighting, PickStation, QCLine
 from sol_control.sim.sdf import element, plugin, pose
 
 BACKGROUND_RGBA = (0.85, 0.85, 0.85, 1.0)
@@ -26,7 +26,7 @@ class Include:
     relative_to: str | None = None
 
 
-def _world_settings(w: ET.Element, cell: Cell) -> None:
+def _world_settings(w: ET.Element, cell: CellLayout) -> None:
     physics = element(w, "physics", name="cell_step", type="ignored")
     element(physics, "max_step_size", cell.qc.physics.timestep_s)
     element(physics, "real_time_factor", 1.0)
@@ -119,7 +119,7 @@ def _include(w: ET.Element, inc: Include) -> None:
     pose(e, inc.pos_m, inc.quat, inc.relative_to)
 
 
-def world(cell: Cell, includes: tuple[Include, ...] = ()) -> ET.Element:
+def world(cell: CellLayout, includes: tuple[Include, ...] = ()) -> ET.Element:
     """<sdf version="1.9"> with world `cell.world_name`."""
     root = ET.Element("sdf", version=sdf.SDF_VERSION)
     w = element(root, "world", name=cell.world_name)
@@ -137,11 +137,11 @@ def world(cell: Cell, includes: tuple[Include, ...] = ()) -> ET.Element:
     return root
 
 
-def world_xml(cell: Cell, includes: tuple[Include, ...] = ()) -> str:
+def world_xml(cell: CellLayout, includes: tuple[Include, ...] = ()) -> str:
     return sdf.to_xml(world(cell, includes), "written by sol_control.sim.sdf_cell from the cell description "
                                              "(sol_control/sim/scene.py); regenerate, do not edit")
 
 
-def pose_in_world(cell: Cell, pos_in_pick_table) -> np.ndarray:
+def pose_in_world(cell: CellLayout, pos_in_pick_table) -> np.ndarray:
     """A pick_table position in the world frame (the frame has no rotation)."""
     return np.asarray(pos_in_pick_table, float) + np.asarray(cell.pick_table_in_world_m, float)
