@@ -83,11 +83,11 @@ def conveyor_model(w: ET.Element, line: QCLine) -> None:
     plugin(m, sdf.JOINT_STATE, joint_name="belt")
     plugin(m, sdf.JOINT_VELOCITY, joint_name="belt", initial_velocity=float(line.belt_speed_mps))
     plugin(m, sdf.JOINT_POSITION, joint_name="pusher", use_velocity_commands="true",
-            cmd_max=float(stroke_mps), cmd_min=float(-stroke_mps), initial_position=0.0)
+           cmd_max=float(stroke_mps), cmd_min=float(-stroke_mps), initial_position=0.0)
     plugin(m, sdf.TRACK, link="frame")
 
 
-def arm_model(w: ET.Element, st: PickStation) -> None:
+def arm_model(w: ET.Element, st: PickStation, world_name: str) -> None:
     """The arm fixed to the table: links = bodies, revolute j1..j6 and prismatic fingers, position
     controllers with MuJoCo's gains, joint states of the arm and of the gripper on two topics."""
     m = element(w, "model", name="arm")
@@ -104,12 +104,12 @@ def arm_model(w: ET.Element, st: PickStation) -> None:
                   sdf.link_name(body), axis=j.axis, limits=j.range, damping=damping)
     plugin(m, sdf.JOINT_STATE, joint_name=list(st.arm_joints))
     plugin(m, sdf.JOINT_STATE, joint_name=list(st.finger_joints),
-            topic="/world/sol_control_cell/model/arm/gripper/joint_state")
+           topic=f"/world/{world_name}/model/arm/gripper/joint_state")
     start = dict(zip(st.arm_joints, st.arm_home_rad)) | {f: st.finger_open_m for f in st.finger_joints}
     for a in st.actuators:
-        limit = a.force_limit_n if a.force_limit_n is not None else 1000.0
+        limit = a.force_limit_n if a.force_limit_n is not None else 1000.0   # MuJoCo: unlimited; gz default
         plugin(m, sdf.JOINT_POSITION, joint_name=a.joint, p_gain=float(a.kp), i_gain=0.0, d_gain=float(a.kv),
-                cmd_max=float(limit), cmd_min=float(-limit), initial_position=float(start[a.joint]))
+               cmd_max=float(limit), cmd_min=float(-limit), initial_position=float(start[a.joint]))
 
 
 def _include(w: ET.Element, inc: Include) -> None:
@@ -130,7 +130,7 @@ def world(cell: CellLayout, includes: tuple[Include, ...] = ()) -> ET.Element:
         _static_model(w, g.name, g, {})
     sdf.camera_model(w, qc.camera)
     _static_model(w, "table", pick.table, {pick.table_material.name: pick.table_material.rgba}, "pick_table")
-    arm_model(w, pick)
+    arm_model(w, pick, cell.world_name)
     sdf.camera_model(w, pick.camera, "pick_table")
     for inc in includes:
         _include(w, inc)
