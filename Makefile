@@ -6,6 +6,8 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.sol_control-installed
 TRAIN_STAMP := $(VENV)/.sol_control-train-installed
+SDF_CHECK := build/sdf_check
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 # ROS traffic stays on this machine: localhost discovery, our own domain, Fast DDS profile with
 # shared memory + loopback-only UDP.
@@ -19,7 +21,7 @@ export MUJOCO_GL ?= egl
 export OMP_NUM_THREADS ?= 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: all venv venv-train demo test test-quick bench bench-peers models fixtures clean
+.PHONY: all venv venv-train demo test test-quick bench bench-peers models fixtures clean sdf-check
 
 all: test
 
@@ -41,8 +43,19 @@ venv-train: $(TRAIN_STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/sol-control demo $(DEMO_ARGS)
 
-test: $(STAMP)
+test: $(STAMP) $(SDF_CHECK)
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+# SDFormat checker for the Gazebo world (tests/test_gazebo_world.py): sdf::Root::Load from Debian's
+# libsdformat-dev (libsdformat 12: SDF up to 1.9). apt-get runs only when the package is missing
+# (CI: root in a Debian container); g++ and pkg-config build it in ~5 s.
+$(SDF_CHECK): tools/sdf_check.cpp
+	@dpkg -s libsdformat-dev pkg-config >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends libsdformat-dev pkg-config; }
+	@mkdir -p build
+	g++ -std=c++17 -O1 -o $@ $< $$(pkg-config --cflags --libs sdformat12)
+
+sdf-check: $(SDF_CHECK)
 
 bench: $(STAMP)
 	$(VENV)/bin/sol-control bench all $(BENCH_ARGS)

@@ -169,3 +169,80 @@ def test_sim_demo_launch_names_existing_executables():
     declared = {c.args[0].value for c in calls if getattr(c.func, "id", "") == "DeclareLaunchArgument"}
     used = {c.args[0].value for c in calls if getattr(c.func, "id", "") == "LaunchConfiguration"}
     assert used <= declared
+
+
+GZ_LAUNCH_ARGS = {"world_dir", "gz_args", "belt_speed_mps", "belt_start_s", "params_file", "bridge_file", "dds_profile"}
+
+
+def _calls(tree: ast.AST, name: str) -> list[ast.Call]:
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == name]
+
+
+def _gz_bridge_topics() -> set[str]:
+    return {e["gz_topic_name"] for e in yaml.safe_load((REPO / "config" / "gz_bridge.yaml").read_text())}
+
+
+def test_gazebo_launch_starts_gz_sim_the_bridge_and_both_coprocessors():
+    from sol_control.sim.config import ConveyorConfig
+
+    tree = ast.parse((REPO / "launch" / "gazebo_cell.launch.py").read_text())
+    declared = {c.args[0].value: {k.arg: k.value for k in c.keywords} for c in _calls(tree, "DeclareLaunchArgument")}
+    assert set(declared) == GZ_LAUNCH_ARGS
+    assert {c.args[0].value for c in _calls(tree, "LaunchConfiguration")} <= set(declared)
+    for c in _calls(tree, "PathJoinSubstitution"):
+        parts = [e.value for e in c.args[0].elts if isinstance(e, ast.Constant)]
+        if parts and parts[0] == "config":
+            assert (REPO / "config" / parts[1]).is_file(), parts
+    assert declared["belt_speed_mps"]["default_value"].value == str(ConveyorConfig().belt_speed_mps)
+    # gz sim with world_dir/world.sdf and world_dir/models on the resource path
+    cmds = [ast.unparse(c) for c in _calls(tree, "ExecuteProcess")]
+    assert any("'gz', 'sim'" in c and "'world.sdf'" in c for c in cmds)
+    env = _calls(tree, "AppendEnvironmentVariable")
+    assert env and env[0].args[0].value == "GZ_SIM_RESOURCE_PATH" and "'models'" in ast.unparse(env[0])
+    # the belt command goes to a topic the bridge also maps (and the world's TrackController reads)
+    belt_topic = next(n.value.value for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "BELT_TOPIC")
+    assert belt_topic in _gz_bridge_topics() and any("BELT_TOPIC" in c for c in cmds)
+    # ros_gz_bridge with the package's mapping
+    nodes = {(kw["package"].value, kw["executable"].value): kw
+             for kw in ({k.arg: k.value for k in c.keywords} for c in _calls(tree, "Node") + _calls(tree, "LifecycleNode"))}
+    bridge = nodes[("ros_gz_bridge", "parameter_bridge")]
+    assert "config_file" in ast.unparse(bridge["parameters"]) and "bridge_file" in ast.unparse(bridge["parameters"])
+    assert nodes[("sol_control", "coprocessor")]["executable"].value in console_scripts()
+    assert sorted(c.args[0].value for c in _calls(tree, "coprocessor")) == ["grasp", "qc"]
+    # the co-processors start exactly as in the MuJoCo demo launch
+    demo = ast.parse((REPO / "launch" / "sim_demo.launch.py").read_text())
+
+    def helper(t):
+        return ast.dump(next(n for n in t.body if isinstance(n, ast.FunctionDef) and n.name == "coprocessor"))
+    assert helper(tree) == helper(demo)
+
+
+def test_gazebo_launch_xml_matches_the_python_one():
+    path = REPO / "launch" / "gazebo_cell.launch.xml"
+    root = ET.parse(path).getroot()
+    text = path.read_text()
+    assert {a.get("name") for a in root.findall("arg")} == GZ_LAUNCH_ARGS
+    assert set(re.findall(r"\$\(var (\w+)\)", text)) <= GZ_LAUNCH_ARGS
+    for f in re.findall(r"\$\(find-pkg-share sol_control\)/config/([\w.]+)", text):
+        assert (REPO / "config" / f).is_file(), f
+    default = {a.get("name"): a.get("default") for a in root.findall("arg")}
+    py = (REPO / "launch" / "gazebo_cell.launch.py").read_text()
+    for name in ("gz_args", "belt_speed_mps", "belt_start_s"):
+        assert f'"{name}", default_value="{default[name]}"' in py, name
+    env = root.find("append_env")
+    assert env.get("name") == "GZ_SIM_RESOURCE_PATH" and env.get("value") == "$(var world_dir)/models"
+    sim = root.find("executable").get("cmd")
+    assert sim.startswith("gz sim -r ") and sim.endswith(" $(var world_dir)/world.sdf")
+    belt = root.find("timer/executable").get("cmd").split()
+    assert belt[:4] == ["gz", "topic", "-t", "/model/conveyor/link/frame/track_cmd_vel"] and belt[3] in _gz_bridge_topics()
+    nodes = {n.get("name"): n for n in root.findall("node")}
+    assert nodes["gz_bridge"].get("pkg") == "ros_gz_bridge" and nodes["gz_bridge"].get("exec") == "parameter_bridge"
+    assert nodes["gz_bridge"].find("param").attrib == {"name": "config_file", "value": "$(var bridge_file)"}
+    for task, camera in (("qc", "qc"), ("grasp", "pick")):
+        n = nodes[f"sol_control_{task}"]
+        assert n.get("pkg") == "sol_control" and n.get("exec") in console_scripts()
+        params = {p.get("name"): p.get("value") for p in n.findall("param") if p.get("name")}
+        assert params == {"mode": task, "use_sim_time": "true", "autostart": "true",
+                          "deadline.sensor_timeout_ms": "600000.0"}
+        assert [p.get("from") for p in n.findall("param") if p.get("from")] == ["$(var params_file)"]
+        assert n.find("remap").attrib == {"from": "camera/image_raw", "to": f"{camera}/camera/image_raw"}
