@@ -159,23 +159,15 @@ def test_every_bridged_gazebo_topic_is_in_the_world(run):
 
 
 def node_topics() -> tuple[dict, dict, dict]:
-    """(subscriptions, publications, side streams read per task) of sol_control/ros/node.py, statically:
-    Call(Msg, "topic", ...) and ("topic", Msg, ...) tuples, types resolved through its imports."""
-    tree = ast.parse((REPO / "sol_control" / "ros" / "node.py").read_text())
-    package = {a.asname or a.name: n.module.split(".")[0] for n in ast.walk(tree)
-               if isinstance(n, ast.ImportFrom) and n.module and n.module.endswith(".msg") for a in n.names}
-    subs, pubs, side = {}, {}, {}
-    for n in ast.walk(tree):
-        if isinstance(n, ast.Call) and len(n.args) >= 2 and isinstance(n.args[0], ast.Name) \
-                and isinstance(n.args[1], ast.Constant) and n.args[0].id in package:
-            fn = ast.unparse(n.func)
-            (pubs if "pub" in fn else subs)[n.args[1].value] = f"{package[n.args[0].id]}/msg/{n.args[0].id}"
-        elif isinstance(n, ast.Tuple) and len(n.elts) >= 2 and isinstance(n.elts[0], ast.Constant) \
-                and isinstance(n.elts[1], ast.Name) and n.elts[1].id in package:
-            subs[n.elts[0].value] = f"{package[n.elts[1].id]}/msg/{n.elts[1].id}"
-        elif isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "SIDE_READS" for t in n.targets):
-            side = ast.literal_eval(n.value)
-    return subs, pubs, side
+    """(subscriptions, publications, side streams read per task) of the coprocessor node, from its
+    interface tables (sol_control/ros/node.py), as "package/msg/Type" names."""
+    from sol_control.ros.node import OUTPUTS, SUBSCRIBED
+    from sol_control.ros.side_streams import SIDE_READS
+
+    def name(kind) -> str:
+        return f"{kind.__module__.split('.')[0]}/msg/{kind.__name__}"
+
+    return ({t: name(k) for t, k in SUBSCRIBED.items()}, {t: name(k) for t, k in OUTPUTS.values()}, SIDE_READS)
 
 
 def launch_coprocessors(path: Path) -> dict:

@@ -34,12 +34,19 @@ from sol_control.decision import Decision
 from sol_control.ros import convert, qos
 from sol_control.ros.diagnostics import NodeStats
 from sol_control.ros.params import declare_config
-from sol_control.ros.side_streams import SideStreams
+from sol_control.ros.side_streams import SIDE_TYPES, SideStreams
 from sol_control.runner import RunnerHooks, TaskRunner
 from sol_control.telemetry import Frame, InputRejected
 
 LOG_EVERY_S = 5.0
 SIDE_POLL_S = 0.1
+# The node's ROS interface (docs/ROS_INTERFACE.md). Outputs by the key convert.decision_messages uses.
+IMAGES = {"camera/image_raw": Image, "camera/image_raw/compressed": CompressedImage}
+SUBSCRIBED = {**IMAGES, **SIDE_TYPES}
+OUTPUTS = {"qc": ("qc/verdict", DiagnosticStatus), "grasp": ("grasp/decision", DiagnosticStatus),
+           "pose": ("grasp/pose", PoseStamped), "gripper": ("grasp/gripper", JointState),
+           "approach": ("grasp/approach", PoseArray), "markers": ("decisions/markers", MarkerArray)}
+OUTPUTS_OF = {"qc": ("qc", "markers"), "grasp": ("grasp", "pose", "gripper", "approach", "markers")}
 
 
 class CoprocessorNode(LifecycleNode, RunnerHooks):
@@ -96,10 +103,8 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
         self._create_publishers(cfg, self.cop.tasks)
         in_qos = qos.sensor_qos(cfg.deadline.max_staleness_ms)
         self.side_streams = SideStreams(self, lambda: self.cfg.inputs, in_qos, self.reject, self.cop.tasks)
-        self._subs = [
-            self.create_subscription(Image, "camera/image_raw", self._on_image, in_qos),
-            self.create_subscription(CompressedImage, "camera/image_raw/compressed", self._on_compressed, in_qos),
-        ]
+        self._subs = [self.create_subscription(kind, topic, callback, in_qos) for (topic, kind), callback
+                      in zip(IMAGES.items(), (self._on_image, self._on_compressed))]
         # without frames nobody takes the side streams: count their rejections within SIDE_POLL_S
         self._side_timer = self.create_timer(SIDE_POLL_S, self.side_streams.take)
         self.runners = {task: TaskRunner(task, self.cop, self._publish, self) for task in self.cop.tasks}
@@ -114,17 +119,14 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
         return TransitionCallbackReturn.FAILURE
 
     def _create_publishers(self, cfg: NodeConfig, tasks: tuple[str, ...]) -> None:
-        out_qos = qos.decision_qos(cfg.deadline.output_deadline_ms)
+        """Decision records carry the offered QoS deadline (and count its misses); markers do not."""
         events = PublisherEventCallbacks(deadline=self._on_offered_deadline_missed)
-        pub = self.create_lifecycle_publisher
-        if "qc" in tasks:
-            self._pubs["qc"] = pub(DiagnosticStatus, "qc/verdict", out_qos, event_callbacks=events)
-        if "grasp" in tasks:
-            self._pubs["grasp"] = pub(DiagnosticStatus, "grasp/decision", out_qos, event_callbacks=events)
-            self._pubs["pose"] = pub(PoseStamped, "grasp/pose", out_qos)
-            self._pubs["gripper"] = pub(JointState, "grasp/gripper", out_qos)
-            self._pubs["approach"] = pub(PoseArray, "grasp/approach", out_qos)
-        self._pubs["markers"] = pub(MarkerArray, "decisions/markers", qos.decision_qos(0))
+        for key in sorted({k for task in tasks for k in OUTPUTS_OF[task]}):
+            topic, kind = OUTPUTS[key]
+            record = key in ("qc", "grasp")
+            out_qos = qos.decision_qos(cfg.deadline.output_deadline_ms if key != "markers" else 0)
+            self._pubs[key] = self.create_lifecycle_publisher(kind, topic, out_qos,
+                                                              event_callbacks=events if record else None)
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         try:

@@ -26,7 +26,8 @@ from sol_control.config import InputConfig
 from sol_control.ros.convert import header, stamp_from_ros
 from sol_control.telemetry import Conveyor, Frame, InputRejected, Joints, Telemetry, Wrench
 
-# topic -> the telemetry field it fills; and which of them a task's decision reads
+# topic -> its message type, the telemetry field it fills; and which of them a task's decision reads
+SIDE_TYPES = {"joint_states": JointState, "wrench": WrenchStamped, "conveyor/joint_states": JointState}
 TOPICS = {"joint_states": "joints", "wrench": "wrench", "conveyor/joint_states": "conveyor"}
 SIDE_READS = {"qc": ("conveyor/joint_states",), "grasp": ("joint_states",)}
 
@@ -122,10 +123,9 @@ class SideStreams:
         self.reads = tuple(sorted({t for task in tasks for t in SIDE_READS[task]}))
         self._lock = threading.Lock()
         self._newest: dict[str, tuple[object, int]] = {}  # topic -> (sample, arrival on the monotonic clock)
-        kinds = {"joint_states": JointState, "wrench": WrenchStamped, "conveyor/joint_states": JointState}
         polled = Polled()
-        self.subs = {topic: node.create_subscription(kinds[topic], topic, lambda m: None, qos, callback_group=polled)
-                     for topic in TOPICS}
+        self.subs = {topic: node.create_subscription(kind, topic, lambda m: None, qos, callback_group=polled)
+                     for topic, kind in SIDE_TYPES.items()}
 
     def take(self, topics: tuple[str, ...] | None = None) -> None:
         """Take the newest sample (keep-last-1: at most one waits) of `topics` (default: all),
