@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from sol_control.bench import peers
+from sol_control.bench.peers import ort_genai
 from sol_control.bundle import Bundle
 
 from .conftest import FIXTURES, REPO
@@ -38,7 +39,7 @@ def test_speculative_genai_folder_layout(tmp_path):
         (tmp_path / name).mkdir()
         decoder = {"filename": "model.onnx", "num_hidden_layers": layers, "session_options": {}}
         (tmp_path / name / "genai_config.json").write_text(json.dumps({"model": {"type": "llama", "decoder": decoder}}))
-    out = peers.genai_speculative_folder(tmp_path / "t", tmp_path / "d", tmp_path / "spec", k=6)
+    out = ort_genai.genai_speculative_folder(tmp_path / "t", tmp_path / "d", tmp_path / "spec", k=6)
     config = json.loads((out / "genai_config.json").read_text())
     assert config["model"]["decoder"]["filename"] == "target/model.onnx"
     assert config["model"]["draft"]["filename"] == "draft/model.onnx"

@@ -1,0 +1,102 @@
+"""ONNX Runtime GenAI, plain and speculative, on the bundle's weights (runs inside its own venv, see tools/setup_peers.sh)."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .common import Decide, Workload, time_decisions
+
+def add_word_tokenizer(hf_dir: Path, vocab_size: int) -> None:
+    """The GenAI builder insists on a tokenizer; token-id workloads never use it."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab_size)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0").save_pretrained(hf_dir)
+
+
+def genai_convert(hf_dir: Path, out_dir: Path, precision: str, threads: int) -> Path:
+    """`onnxruntime_genai.models.builder` HF folder -> GenAI folder (fp32 or its own int4)."""
+    if not (out_dir / "genai_config.json").is_file():
+        src = out_dir.parent / f"{out_dir.name}-hf"
+        shutil.rmtree(src, ignore_errors=True)
+        shutil.copytree(hf_dir, src)
+        if not (src / "tokenizer.json").is_file():
+            add_word_tokenizer(src, json.loads((src / "config.json").read_text())["vocab_size"])
+        cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(src), "-o", str(out_dir),
+               "-p", precision, "-e", "cpu"]
+        if precision == "int4":
+            cmd += ["--extra_options", "int4_accuracy_level=4", "int4_block_size=32"]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    config = json.loads((out_dir / "genai_config.json").read_text())
+    config["model"]["decoder"]["session_options"].update(intra_op_num_threads=threads, inter_op_num_threads=1)
+    (out_dir / "genai_config.json").write_text(json.dumps(config, indent=1))
+    return out_dir
+
+
+def genai_speculative_folder(target: Path, draft: Path, out_dir: Path, k: int) -> Path:
+    """Composite GenAI model: target decoder + `model.draft` decoder + `speculative` options. GenAI
+    refuses paths with `..`, so target and draft are symlinked inside the folder."""
+    shutil.rmtree(out_dir, ignore_errors=True)
+    out_dir.mkdir(parents=True)
+    (out_dir / "target").symlink_to(target.resolve())
+    (out_dir / "draft").symlink_to(draft.resolve())
+    config = json.loads((target / "genai_config.json").read_text())
+    draft_decoder = json.loads((draft / "genai_config.json").read_text())["model"]["decoder"]
+    config["model"]["decoder"]["filename"] = "target/" + config["model"]["decoder"]["filename"]
+    config["model"]["draft"] = {**draft_decoder, "filename": "draft/" + draft_decoder["filename"]}
+    config["speculative"] = {"max_draft_tokens": k}
+    (out_dir / "genai_config.json").write_text(json.dumps(config, indent=1))
+    return out_dir
+
+
+def genai_decide(model_dir: Path, new_tokens: int) -> Decide:
+    import onnxruntime_genai as og
+
+    model = og.Model(str(model_dir))
+
+    def decide(prefix: list[int]):
+        t0 = time.perf_counter()
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=len(prefix) + new_tokens, do_sample=False)
+        gen = og.Generator(model, params)
+        gen.append_tokens(np.asarray(prefix, np.int32))
+        ttft_ms, resumed = None, 0
+        while gen.token_count() < len(prefix) + new_tokens:
+            if gen.is_done():  # stopped on EOS/pad: our decisions are fixed-length, so go on
+                gen.append_tokens(np.asarray(gen.get_next_tokens()[:1], np.int32))
+                resumed += 1
+            else:
+                gen.generate_next_token()
+            if ttft_ms is None:
+                ttft_ms = (time.perf_counter() - t0) * 1e3
+        tokens = list(gen.get_sequence(0))[len(prefix):]
+        info = {"resumed": resumed}
+        stats = gen.get_speculative_stats() if hasattr(gen, "get_speculative_stats") else None
+        if stats and stats.get("draft_tokens_evaluated"):
+            info["acceptance"] = stats["draft_tokens_accepted"] / stats["draft_tokens_evaluated"]
+        return tokens, ttft_ms or 0.0, info
+
+    return decide
+
+
+def run_genai(hf_target: Path, hf_draft: Path | None, w: Workload, work: Path,
+              precisions=("fp32", "int4")) -> list[dict]:
+    rows = []
+    draft = genai_convert(hf_draft, work / "genai-draft-fp32", "fp32", w.threads) if hf_draft else None
+    for prec in precisions:
+        target = genai_convert(hf_target, work / f"genai-target-{prec}", prec, w.threads)
+        rows.append({"engine": "ort-genai", "mode": "plain", "precision": prec,
+                     **time_decisions(genai_decide(target, w.new_tokens), w)})
+        if draft is not None:
+            spec = genai_speculative_folder(target, draft, work / f"genai-spec-{prec}", w.k)
+            rows.append({"engine": "ort-genai", "mode": f"speculative k={w.k}", "precision": prec,
+                         **time_decisions(genai_decide(spec, w.new_tokens), w)})
+    return rows

@@ -1,0 +1,100 @@
+"""OpenVINO GenAI, plain and speculative, fp32 and its own int8 / int4 (runs inside its own venv, see tools/setup_peers.sh)."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .common import PRECISIONS, Decide, Workload, time_decisions
+from .ort_genai import add_word_tokenizer
+
+# optimum-cli --weight-format and the extra options for each precision. int4 uses groups of 32 on
+# every MatMul (ratio 1.0), the layout of our own int4 and of ORT GenAI's.
+OV_FORMATS = {"fp32": ["--weight-format", "fp32"], "int8": ["--weight-format", "int8"],
+              "int4": ["--weight-format", "int4", "--group-size", "32", "--ratio", "1.0"]}
+
+
+def ov_export(hf_dir: Path, out_dir: Path, precision: str) -> Path:
+    """`optimum-cli export openvino` HF folder -> OpenVINO IR folder (fp32, or NNCF int8/int4)."""
+    if not (out_dir / "openvino_model.xml").is_file():
+        src = out_dir.parent / f"{out_dir.name}-hf"
+        shutil.rmtree(src, ignore_errors=True)
+        shutil.copytree(hf_dir, src)
+        if not (src / "tokenizer.json").is_file():  # else the exporter invents a 32k-token one
+            add_word_tokenizer(src, json.loads((src / "config.json").read_text())["vocab_size"])
+        cli = Path(sys.executable).with_name("optimum-cli")
+        tmp = out_dir.with_name(out_dir.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        cmd = [str(cli), "export", "openvino", "--model", str(src), "--task", "text-generation-with-past",
+               *OV_FORMATS[precision], str(tmp)]
+        proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"optimum-cli export ({precision}) failed: {proc.stderr[-1500:]}")
+        shutil.rmtree(out_dir, ignore_errors=True)
+        tmp.rename(out_dir)  # a failed export leaves no half folder that looks finished
+    return out_dir
+
+
+def ov_properties(precision: str, threads: int) -> dict:
+    """fp32 rows compute and cache in f32 (OpenVINO's CPU defaults are bf16 compute and a u8 KV
+    cache, which would not be the fp32 model); quantized rows keep OpenVINO's own defaults."""
+    props = {"INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": 1}
+    if precision == "fp32":
+        # the paged-attention backend (speculative, and plain by default) reads KEY_/VALUE_CACHE_PRECISION
+        props.update(INFERENCE_PRECISION_HINT="f32", KV_CACHE_PRECISION="f32", KEY_CACHE_PRECISION="f32",
+                     VALUE_CACHE_PRECISION="f32")
+    return props
+
+
+def ov_decide(pipe, new_tokens: int, k: int | None = None) -> Decide:
+    import openvino as ov
+
+    config = pipe.get_generation_config()
+    # ignore_eos alone: it goes on past EOS and keeps EOS a candidate; min_new_tokens would mask
+    # EOS out of the logits instead, and greedy would pick another token than ours
+    config.max_new_tokens, config.min_new_tokens = new_tokens, 0
+    config.ignore_eos, config.do_sample = True, False
+    if k:
+        config.num_assistant_tokens = k
+
+    def decide(prefix: list[int]):
+        res = pipe.generate(ov.Tensor(np.asarray([prefix], np.int64)), config)
+        tokens = list(res.tokens[0])
+        if len(tokens) != new_tokens:
+            raise RuntimeError(f"OpenVINO returned {len(tokens)} tokens, asked for {new_tokens}")
+        info = {}
+        extended = getattr(res, "extended_perf_metrics", None)
+        if k and extended is not None and hasattr(extended, "get_num_accepted_tokens"):
+            drafted = extended.get_num_draft_tokens()
+            if drafted:
+                info["acceptance"] = extended.get_num_accepted_tokens() / drafted
+        return tokens, float(res.perf_metrics.get_ttft().mean), info
+
+    return decide
+
+
+def run_openvino(hf_target: Path, hf_draft: Path | None, w: Workload, work: Path,
+                 precisions=PRECISIONS["openvino"]) -> list[dict]:
+    import openvino_genai as og
+
+    rows = []
+    draft = ov_export(hf_draft, work / "ov-draft-fp32", "fp32") if hf_draft else None
+    for prec in precisions:
+        target = ov_export(hf_target, work / f"ov-target-{prec}", prec)
+        props = ov_properties(prec, w.threads)
+        pipe = og.LLMPipeline(str(target), "CPU", **props)
+        rows.append({"engine": "openvino", "mode": "plain", "precision": prec,
+                     **time_decisions(ov_decide(pipe, w.new_tokens), w)})
+        del pipe
+        if draft is not None:
+            # the draft stays fp32 (with fp32 properties) whatever the target's precision, as ours
+            spec = og.LLMPipeline(str(target), "CPU", draft_model=og.draft_model(str(draft), "CPU",
+                                  **ov_properties("fp32", w.threads)), **props)
+            rows.append({"engine": "openvino", "mode": f"speculative k={w.k}", "precision": prec,
+                         **time_decisions(ov_decide(spec, w.new_tokens, w.k), w)})
+            del spec
+    return rows
