@@ -91,12 +91,8 @@ def _ellipse(k: int) -> np.ndarray:
     return cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (k, k))
 
 
-def qc_features(image: np.ndarray) -> dict[str, float]:
-    """Engineered features of the (largest) part in a QC image [128, 128, 3] uint8."""
-    img = image.astype(np.float32)
-    n = img.shape[0]
-    bg = np.median(_border(img), axis=0)  # [3] belt colour under this lighting
-    gray = _channel_sum(img) / np.float32(3)
+def _qc_part(img: np.ndarray, gray: np.ndarray, bg: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(part mask, its outer contour, the part with holes filled) [n, n] uint8, from the belt colour `bg`."""
     diff = _channel_max(np.abs(img - bg))
     raw = ((diff > 30) | (gray < bg.mean() - 20)).astype(np.uint8)
     raw = cv2.morphologyEx(raw, cv2.MORPH_CLOSE, _ellipse(3))
@@ -113,13 +109,22 @@ def qc_features(image: np.ndarray) -> dict[str, float]:
     outer = max(contours, key=cv2.contourArea)
     filled = np.zeros_like(part)
     cv2.drawContours(filled, [outer], -1, 1, -1)
-    holes_mask = (filled & (1 - part)).astype(np.uint8)
-    n_h, hl, hst, _ = cv2.connectedComponentsWithStats(holes_mask, connectivity=4)
+    return part, outer, filled
+
+
+def _count_holes(holes_mask: np.ndarray) -> int:
+    """Roughly round, compact holes of at least 5 px."""
+    n_h, _, hst, _ = cv2.connectedComponentsWithStats(holes_mask, connectivity=4)
     holes = 0
     for i in range(1, n_h):
         a, w, h = hst[i, cv2.CC_STAT_AREA], hst[i, cv2.CC_STAT_WIDTH], hst[i, cv2.CC_STAT_HEIGHT]
         if a >= 5 and max(w, h) <= 2 * min(w, h) and a >= 0.5 * w * h:
             holes += 1
+    return holes
+
+
+def _qc_shape(outer: np.ndarray, filled: np.ndarray, holes_mask: np.ndarray, n: int) -> tuple[dict, float]:
+    """Shape features and the part's size in pixels (its min-area rectangle's long side)."""
     area = float(filled.sum())
     (_, _), (rw, rh), _ = cv2.minAreaRect(outer)
     hull = cv2.contourArea(cv2.convexHull(outer))
@@ -128,19 +133,18 @@ def qc_features(image: np.ndarray) -> dict[str, float]:
     mu20, mu02, mu11 = m["mu20"] / m["m00"], m["mu02"] / m["m00"], m["mu11"] / m["m00"]
     common = math.sqrt(((mu20 - mu02) / 2) ** 2 + mu11 ** 2)
     l1, l2 = (mu20 + mu02) / 2 + common, max((mu20 + mu02) / 2 - common, 1e-6)
-    f = {"holes": holes, "area": area / (n * n), "aspect": math.sqrt(l1 / l2),  # moment axis ratio
+    f = {"holes": _count_holes(holes_mask), "area": area / (n * n), "aspect": math.sqrt(l1 / l2),  # moment axes
          "rect_aspect": max(rw, rh) / max(min(rw, rh), 1.0),
          "fill": area / max(rw * rh, 1.0), "solidity": area / max(hull, 1.0),
          "hole_frac": float(holes_mask.sum()) / area, "part_u": pu, "part_v": pv}
-    size_px = max(rw, rh, 1.0)
-    # --- line evidence (scratch, crack) on the part surface away from rim and holes
-    inner = cv2.erode(filled, _ellipse(5)) & (1 - cv2.dilate(holes_mask, _ellipse(5)))
-    ref = float(np.median(gray[inner > 0])) if inner.any() else float(gray[part > 0].mean())
-    flat = np.where(inner > 0, gray, ref).astype(np.float32)  # rim and hole edges flattened away
+    return f, max(rw, rh, 1.0)
+
+
+def _longest_line(flat: np.ndarray, inner: np.ndarray, ref: float):
+    """(length px, polarity 1 dark / 2 bright, responses, xs, ys) of the longest line-like blob in
+    the black-hat (dark) or top-hat (bright) response of the flattened surface, or None."""
     black = cv2.morphologyEx(flat, cv2.MORPH_BLACKHAT, _ellipse(7)) / max(ref, 1.0)
     top = cv2.morphologyEx(flat, cv2.MORPH_TOPHAT, _ellipse(7)) / max(ref, 1.0)
-    f.update(line_polarity=0, line_len=0.0, line_contrast=0.0, line_width=0.0, line_rim=8.0,
-             line_u=pu, line_v=pv)
     best = None
     for polarity, resp in ((1, black), (2, top)):
         lm = ((resp > 0.12) & (inner > 0)).astype(np.uint8)
@@ -153,6 +157,16 @@ def qc_features(image: np.ndarray) -> dict[str, float]:
             length = max(a, b) + 1.0
             if best is None or length > best[0]:
                 best = (length, polarity, resp[ys, xs], xs, ys)
+    return best
+
+
+def _qc_lines(f: dict, gray: np.ndarray, bg: np.ndarray, part, filled, inner, size_px: float, n: int) -> None:
+    """Line evidence (scratch, crack) on the part surface away from rim and holes, into `f`."""
+    ref = float(np.median(gray[inner > 0])) if inner.any() else float(gray[part > 0].mean())
+    flat = np.where(inner > 0, gray, ref).astype(np.float32)  # rim and hole edges flattened away
+    f.update(line_polarity=0, line_len=0.0, line_contrast=0.0, line_width=0.0, line_rim=8.0,
+             line_u=f["part_u"], line_v=f["part_v"])
+    best = _longest_line(flat, inner, ref)
     if best is not None and best[0] >= 4:
         length, polarity, vals, xs, ys = best
         dist = cv2.distanceTransform(filled, cv2.DIST_L2, 3)
@@ -164,22 +178,40 @@ def qc_features(image: np.ndarray) -> dict[str, float]:
     if best is None and dark.sum() >= 2:
         ys, xs = np.nonzero(dark)
         f["line_u"], f["line_v"] = float(xs.mean() + 0.5) / n, float(ys.mean() + 0.5) / n
-    # --- chroma deviation (discoloration); lighting gain and gradients do not change chroma
+
+
+def _qc_stain(f: dict, img: np.ndarray, inner: np.ndarray, n: int) -> None:
+    """Chroma deviation (discoloration) into `f`; lighting gain and gradients do not change chroma."""
     chroma = img / np.maximum(_channel_sum(img)[..., None], 1.0)
     core = (inner > 0) & (_channel_max(img) < 250)  # clipped pixels have no reliable chroma
-    f.update(stain_frac=0.0, stain_max=0.0, stain_u=pu, stain_v=pv)
-    if core.sum() >= 20:
-        med = np.median(chroma[core], axis=0)
-        dev = cv2.blur(_channel_sum(np.abs(chroma - med)), (3, 3))
-        dev = np.where(core, dev, 0.0)
-        hot = dev > 0.04
-        f["stain_frac"] = float(hot.sum()) / float(core.sum())
-        f["stain_max"] = float(dev.max())
-        if hot.sum() >= 3:
-            ys, xs = np.nonzero(hot)
-            wts = dev[ys, xs]
-            f["stain_u"] = float((xs + 0.5) @ wts / wts.sum()) / n
-            f["stain_v"] = float((ys + 0.5) @ wts / wts.sum()) / n
+    f.update(stain_frac=0.0, stain_max=0.0, stain_u=f["part_u"], stain_v=f["part_v"])
+    if core.sum() < 20:
+        return
+    med = np.median(chroma[core], axis=0)
+    dev = cv2.blur(_channel_sum(np.abs(chroma - med)), (3, 3))
+    dev = np.where(core, dev, 0.0)
+    hot = dev > 0.04
+    f["stain_frac"] = float(hot.sum()) / float(core.sum())
+    f["stain_max"] = float(dev.max())
+    if hot.sum() >= 3:
+        ys, xs = np.nonzero(hot)
+        wts = dev[ys, xs]
+        f["stain_u"] = float((xs + 0.5) @ wts / wts.sum()) / n
+        f["stain_v"] = float((ys + 0.5) @ wts / wts.sum()) / n
+
+
+def qc_features(image: np.ndarray) -> dict[str, float]:
+    """Engineered features of the (largest) part in a QC image [128, 128, 3] uint8."""
+    img = image.astype(np.float32)
+    n = img.shape[0]
+    bg = np.median(_border(img), axis=0)  # [3] belt colour under this lighting
+    gray = _channel_sum(img) / np.float32(3)
+    part, outer, filled = _qc_part(img, gray, bg)
+    holes_mask = (filled & (1 - part)).astype(np.uint8)
+    f, size_px = _qc_shape(outer, filled, holes_mask, n)
+    inner = cv2.erode(filled, _ellipse(5)) & (1 - cv2.dilate(holes_mask, _ellipse(5)))
+    _qc_lines(f, gray, bg, part, filled, inner, size_px, n)
+    _qc_stain(f, img, inner, n)
     return f
 
 

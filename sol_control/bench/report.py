@@ -228,10 +228,9 @@ def _peers(args, bundle: Bundle) -> dict:
     return peers.run_all(bundle, quick=args.quick)
 
 
-def markdown(s: dict) -> str:
-    lines = ["# sol_control benchmark report", "",
-             f"Machine: {s['machine']['cpu']}, {s['machine']['cores']} cores, ONNX Runtime "
-             f"{s['machine']['onnxruntime']}, {s['machine']['date']}. Command: `{s['command']}`.", ""]
+def _md_decode(s: dict) -> list[str]:
+    """Per bundle: ultrafast vs standard, and every decoding row."""
+    lines: list[str] = []
     for name, rep in s.get("decode", {}).items():
         rows = rep["rows"]
         std = rows[0]
@@ -249,6 +248,12 @@ def markdown(s: dict) -> str:
                  "-" if r["mean_accepted"] is None else f"{r['mean_accepted']:.2f}", f"{r['match_standard']:.0%}"]
                 for r in rows]
         lines += ["```", table(head, body), "```", ""]
+    return lines
+
+
+def _md_e2e(s: dict) -> list[str]:
+    """End to end over DDS: standard vs ultrafast per task."""
+    lines: list[str] = []
     if s.get("e2e"):
         e = s["e2e"]
         lines.append(f"End to end (stamp → decision over DDS, mean of the two tasks' medians over "
@@ -271,6 +276,12 @@ def markdown(s: dict) -> str:
         if body:
             lines += ["```", table(head, body), "```"]
         lines.append("")
+    return lines
+
+
+def _md_peers(s: dict) -> list[str]:
+    """The peer engines' rows and our ratio to the best."""
+    lines: list[str] = []
     peers = s.get("peers", {})
     if peers.get("rows"):
         head = ["engine", "mode", "precision", "tok/s", "decode tok/s", "ms/decision", "TTFT ms", "accept", "= std"]
@@ -288,6 +299,12 @@ def markdown(s: dict) -> str:
         lines.append("")
     elif peers.get("note"):
         lines += [f"Peers: {peers['note']}", ""]
+    return lines
+
+
+def _md_scaling_memory(s: dict) -> list[str]:
+    """Scaling with the prefix length, and resident memory per decoder."""
+    lines: list[str] = []
     for name, rs in s.get("scaling", {}).items():
         head = ["prefix", "tokens", "std ms", "ultrafast ms", "std tok/s", "ultrafast tok/s", "ratio", "accept"]
         body = [[r["prefix_len"], f"{r['new_tokens']}{'*' if r.get('beyond_trained_context') else ''}",
@@ -299,4 +316,13 @@ def markdown(s: dict) -> str:
     for name, rs in s.get("memory", {}).items():
         body = [[r["decoder"], f"{r['file_mb']:.1f}", f"{r['rss_mb']:.1f}"] for r in rs]
         lines += [f"Resident memory, {name}:", "```", table(["decoder", "file MB", "RSS MB"], body), "```", ""]
+    return lines
+
+
+def markdown(s: dict) -> str:
+    lines = ["# sol_control benchmark report", "",
+             f"Machine: {s['machine']['cpu']}, {s['machine']['cores']} cores, ONNX Runtime "
+             f"{s['machine']['onnxruntime']}, {s['machine']['date']}. Command: `{s['command']}`.", ""]
+    for section in (_md_decode, _md_e2e, _md_peers, _md_scaling_memory):
+        lines += section(s)
     return "\n".join(lines)

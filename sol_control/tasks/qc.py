@@ -147,64 +147,87 @@ def _render_part(spec: PartSpec) -> tuple[np.ndarray, float, tuple[float, float]
 
 def _draw_defect(col: np.ndarray, solid: np.ndarray, outer: np.ndarray, spec: PartSpec,
                  rng: np.random.Generator, n_px: int) -> tuple[float, float]:
+    """Draw the spec's scratch, crack or stain into `col`; its centre in metres (part frame)."""
+    draw = {"scratch": _draw_scratch, "crack": _draw_crack}.get(spec.defect, _draw_stain)
+    return draw(col, solid, outer, spec, rng, n_px)
+
+
+def _draw_scratch(col: np.ndarray, solid: np.ndarray, outer: np.ndarray, spec: PartSpec,
+                  rng: np.random.Generator, n_px: int) -> tuple[float, float]:
+    """A straight bright or dark scratch lying on material."""
     s, sev = spec.size_m, spec.severity
     c = n_px / 2.0
     to_px = lambda p: (c + p[0] * TEX_PX_PER_M, c - p[1] * TEX_PX_PER_M)  # noqa: E731
     ys, xs = np.nonzero(solid)
-    if spec.defect == "scratch":
-        length_m = (0.30 + 0.35 * sev) * s
-        # the whole scratch lies >= 3 camera pixels inside the material (visible, not on the rim)
-        interior = cv2.erode(solid.astype(np.uint8), np.ones((25, 25), np.uint8)) > 0
-        best = (-1.0, None, None)
-        for attempt in range(200):  # a midpoint whose whole segment lies on material
-            if attempt in (60, 120):
-                length_m *= 0.75
-            i = int(rng.integers(len(xs)))
-            mid = np.array([(xs[i] - c) / TEX_PX_PER_M, (c - ys[i]) / TEX_PX_PER_M])
-            if spec.family == "ring":  # straight chords fit the annulus only tangentially
-                th = math.atan2(mid[1], mid[0]) + math.pi / 2 + rng.uniform(-0.25, 0.25)
-            else:
-                th = rng.uniform(0, math.pi)
-            d = np.array([math.cos(th), math.sin(th)]) * length_m / 2
-            share = float(np.mean([_on(interior, to_px(mid + t * d)) for t in np.linspace(-1, 1, 17)]))
-            if share > best[0]:
-                best = (share, mid, d)
-            if share == 1.0:
-                break
-        _, mid, d = best
-        p0, p1 = mid - d, mid + d
+    length_m = (0.30 + 0.35 * sev) * s
+    # the whole scratch lies >= 3 camera pixels inside the material (visible, not on the rim)
+    interior = cv2.erode(solid.astype(np.uint8), np.ones((25, 25), np.uint8)) > 0
+    best = (-1.0, None, None)
+    for attempt in range(200):  # a midpoint whose whole segment lies on material
+        if attempt in (60, 120):
+            length_m *= 0.75
+        i = int(rng.integers(len(xs)))
+        mid = np.array([(xs[i] - c) / TEX_PX_PER_M, (c - ys[i]) / TEX_PX_PER_M])
+        if spec.family == "ring":  # straight chords fit the annulus only tangentially
+            th = math.atan2(mid[1], mid[0]) + math.pi / 2 + rng.uniform(-0.25, 0.25)
+        else:
+            th = rng.uniform(0, math.pi)
+        d = np.array([math.cos(th), math.sin(th)]) * length_m / 2
+        share = float(np.mean([_on(interior, to_px(mid + t * d)) for t in np.linspace(-1, 1, 17)]))
+        if share > best[0]:
+            best = (share, mid, d)
+        if share == 1.0:
+            break
+    _, mid, d = best
+    p0, p1 = mid - d, mid + d
+    layer = np.zeros(solid.shape, np.uint8)
+    cv2.line(layer, _i16(to_px(p0)), _i16(to_px(p1)), 255, 4, cv2.LINE_AA, shift=4)
+    bright_ok = float(np.mean(spec.rgb)) < 160  # a bright scratch would clip on a bright part
+    sign = 1.0 if (bright_ok and rng.random() < 0.5) else -1.0
+    delta = 70 + 50 * sev if sign > 0 else -min(70 + 50 * sev, 0.45 * float(np.mean(spec.rgb)))
+    col += (layer[..., None] / 255.0 * delta).astype(np.float32)
+    return float(mid[0]), float(mid[1])
+
+
+def _draw_crack(col: np.ndarray, solid: np.ndarray, outer: np.ndarray, spec: PartSpec,
+                rng: np.random.Generator, n_px: int) -> tuple[float, float]:
+    """A dark jagged crack from the rim towards the centroid."""
+    s, sev = spec.size_m, spec.severity
+    c = n_px / 2.0
+    to_px = lambda p: (c + p[0] * TEX_PX_PER_M, c - p[1] * TEX_PX_PER_M)  # noqa: E731
+    ys, xs = np.nonzero(solid)
+    # start on the rim, walk towards the material's centroid with jagged turns; redraw until
+    # most of the crack lies on material (a crack in thin air would be an invisible defect)
+    centroid = np.array([(xs.mean() - c) / TEX_PX_PER_M, (c - ys.mean()) / TEX_PX_PER_M])
+    length_m = (0.20 + 0.10 * sev) * s
+    for _ in range(30):
+        k = int(rng.integers(len(outer)))
+        a, b = outer[k], outer[(k + 1) % len(outer)]
+        start = a + rng.uniform(0.2, 0.8) * (b - a)
+        inward = (centroid - start) / (np.linalg.norm(centroid - start) + 1e-9)
+        n_seg = int(rng.integers(4, 7))
+        pts = [start - inward * 0.01 * s]
+        heading = math.atan2(inward[1], inward[0])
+        for _ in range(n_seg):
+            h = heading + rng.uniform(-0.7, 0.7)
+            pts.append(pts[-1] + length_m / n_seg * np.array([math.cos(h), math.sin(h)]))
         layer = np.zeros(solid.shape, np.uint8)
-        cv2.line(layer, _i16(to_px(p0)), _i16(to_px(p1)), 255, 4, cv2.LINE_AA, shift=4)
-        bright_ok = float(np.mean(spec.rgb)) < 160  # a bright scratch would clip on a bright part
-        sign = 1.0 if (bright_ok and rng.random() < 0.5) else -1.0
-        delta = 70 + 50 * sev if sign > 0 else -min(70 + 50 * sev, 0.45 * float(np.mean(spec.rgb)))
-        col += (layer[..., None] / 255.0 * delta).astype(np.float32)
-        return float(mid[0]), float(mid[1])
-    if spec.defect == "crack":
-        # start on the rim, walk towards the material's centroid with jagged turns; redraw until
-        # most of the crack lies on material (a crack in thin air would be an invisible defect)
-        centroid = np.array([(xs.mean() - c) / TEX_PX_PER_M, (c - ys.mean()) / TEX_PX_PER_M])
-        length_m = (0.20 + 0.10 * sev) * s
-        for _ in range(30):
-            k = int(rng.integers(len(outer)))
-            a, b = outer[k], outer[(k + 1) % len(outer)]
-            start = a + rng.uniform(0.2, 0.8) * (b - a)
-            inward = (centroid - start) / (np.linalg.norm(centroid - start) + 1e-9)
-            n_seg = int(rng.integers(4, 7))
-            pts = [start - inward * 0.01 * s]
-            heading = math.atan2(inward[1], inward[0])
-            for _ in range(n_seg):
-                h = heading + rng.uniform(-0.7, 0.7)
-                pts.append(pts[-1] + length_m / n_seg * np.array([math.cos(h), math.sin(h)]))
-            layer = np.zeros(solid.shape, np.uint8)
-            poly = np.array([_i16(to_px(p)) for p in pts], np.int32)
-            cv2.polylines(layer, [poly], False, 255, 8, cv2.LINE_AA, shift=4)
-            if ((layer > 127) & solid).sum() >= 0.8 * 8 * length_m * TEX_PX_PER_M * 0.7:
-                break
-        mix = (layer[..., None] / 255.0).astype(np.float32) * (0.92 + 0.08 * sev)
-        col[:] = col * (1 - mix) + 8.0 * mix
-        mid = np.mean(pts, axis=0)
-        return float(mid[0]), float(mid[1])
+        poly = np.array([_i16(to_px(p)) for p in pts], np.int32)
+        cv2.polylines(layer, [poly], False, 255, 8, cv2.LINE_AA, shift=4)
+        if ((layer > 127) & solid).sum() >= 0.8 * 8 * length_m * TEX_PX_PER_M * 0.7:
+            break
+    mix = (layer[..., None] / 255.0).astype(np.float32) * (0.92 + 0.08 * sev)
+    col[:] = col * (1 - mix) + 8.0 * mix
+    mid = np.mean(pts, axis=0)
+    return float(mid[0]), float(mid[1])
+
+
+def _draw_stain(col: np.ndarray, solid: np.ndarray, outer: np.ndarray, spec: PartSpec,
+                rng: np.random.Generator, n_px: int) -> tuple[float, float]:
+    """Discoloration: a soft elliptical stain, chroma shifted towards a contrasting colour."""
+    s, sev = spec.size_m, spec.severity
+    c = n_px / 2.0
+    ys, xs = np.nonzero(solid)
     # discoloration: soft elliptical stain, chroma shifted towards a contrasting stain colour
     i = int(rng.integers(len(xs)))
     centre_px = (float(xs[i]), float(ys[i]))
