@@ -139,9 +139,9 @@ def test_package_xml_declares_every_message_package_the_ros_layer_imports():
 
 def test_core_is_ros_free():
     """rclpy only in sol_control/ros/ and the simulator's bridge; torch nowhere the node can reach
-    (the peer-engine workers in bench/peers.py run in .venv-peers subprocesses only)."""
+    (the transformers peer worker, bench/peers/hf_transformers.py, runs in .venv-peers subprocesses only)."""
     ros_ok = {REPO / "sol_control" / "sim" / "bridge.py"}
-    torch_ok = {REPO / "sol_control" / "bench" / "peers.py"}
+    torch_ok = {REPO / "sol_control" / "bench" / "peers" / "hf_transformers.py"}
     for f in (REPO / "sol_control").rglob("*.py"):
         src = f.read_text()
         if "ros" not in f.relative_to(REPO / "sol_control").parts[:1] and f not in ros_ok:

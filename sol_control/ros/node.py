@@ -153,18 +153,17 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
         return super().on_deactivate(state)
 
     def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._release()
-        self._state = "unconfigured"
-        return TransitionCallbackReturn.SUCCESS
+        return self._released("unconfigured")
 
     def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._release()
-        self._state = "finalized"
-        return TransitionCallbackReturn.SUCCESS
+        return self._released("finalized")
 
     def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
+        return self._released("unconfigured")
+
+    def _released(self, new_state: str) -> TransitionCallbackReturn:
         self._release()
-        self._state = "unconfigured"
+        self._state = new_state
         return TransitionCallbackReturn.SUCCESS
 
     def _renice(self, nice: int) -> None:
