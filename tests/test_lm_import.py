@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
+from sol_control.lm.cache import SMOLLM2_BYTES, SMOLLM2_GGUF, smollm2_gguf
 from sol_control.lm.ggml_q4 import Q4_1_BLOCK_BYTES, q4_1_nibbles, q4_1_reference, q4_1_to_int4
 from sol_control.lm.gguf_reader import open_gguf, read_gguf_weights, unpermute_rows
 from sol_control.lm.gguf_writer import finish_gguf, gguf_name, llama_gguf_writer, permute_rows, write_llama_gguf
@@ -235,6 +236,20 @@ def test_reference_forward_is_causal_and_stops(tiny):
     first = int(np.argmax(full[-1]))
     assert ref.greedy(ids, 5, stop_ids=(first,)) == [first]
     assert len(ref.greedy(ids, 5)) == 5
+
+
+def test_model_cache_refuses_missing_and_wrong_files(tmp_path):
+    with pytest.raises(ValueError, match="make lm-model"):
+        smollm2_gguf(tmp_path)
+    path = tmp_path / SMOLLM2_GGUF
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"GGUF" * 4)
+    with pytest.raises(ValueError, match="16 bytes"):
+        smollm2_gguf(tmp_path)
+    with path.open("r+b") as f:
+        f.truncate(SMOLLM2_BYTES)  # the pinned size, the wrong content
+    with pytest.raises(ValueError, match="sha256"):
+        smollm2_gguf(tmp_path)
 
 
 @pytest.mark.parametrize("tied", [True, False])
