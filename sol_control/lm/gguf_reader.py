@@ -146,8 +146,8 @@ def _dequantized(tensor: gguf.ReaderTensor) -> np.ndarray:
     try:
         values = gguf.quants.dequantize(np.asarray(tensor.data), tensor.tensor_type)
     except NotImplementedError as err:
-        raise ValueError(f"GGUF tensor {tensor.name!r} has type {tensor.tensor_type.name}, which gguf "
-                         f"{gguf.__name__} cannot dequantize: {err}") from err
+        raise ValueError(f"GGUF tensor {tensor.name!r} has type {tensor.tensor_type.name}, which the gguf "
+                         f"package cannot dequantize: {err}") from err
     shape = tuple(int(n) for n in reversed(tensor.shape))
     return np.array(values, dtype=np.float32, copy=True).reshape(shape)  # owns its memory, not the mmap
 
