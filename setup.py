@@ -29,11 +29,13 @@ setup(
     packages=find_packages(include=[PACKAGE, f"{PACKAGE}.*"]),
     data_files=data_files(),
     python_requires=">=3.10",
-    install_requires=["numpy", "pydantic>=2", "pyyaml", "onnxruntime", "opencv-python-headless"],
+    install_requires=["numpy", "pydantic>=2", "pyyaml", "onnxruntime", "opencv-python-headless", "gguf", "tokenizers",
+                      "jinja2"],
     extras_require={
         # dev-only: data generation, training, export. torch is pinned: an unpinned torch pulls a
         # multi-GB CUDA build. The node never imports torch.
-        "train": ["torch==2.13.0", "transformers==5.24.0", "onnxscript==0.7.2", "onnx-ir==1.1.0", "onnx==1.23.2"],
+        "train": ["torch==2.13.0", "transformers==5.24.0", "onnxscript==0.7.2", "onnx-ir==1.1.0", "onnx==1.23.2",
+                  "accelerate==1.15.0"],
         "sim": ["mujoco==4.0.0"],
     },
     zip_safe=True,
