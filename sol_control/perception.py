@@ -42,7 +42,11 @@ QC_FEATURES = (
     ("stain_u", 64, 0.0, 1.0, "linear"), ("stain_v", 64, 0.0, 1.0, "linear"),
     ("part_u", 64, 0.0, 1.0, "linear"), ("part_v", 64, 0.0, 1.0, "linear"),
 )
-GRASP_FEATURES = (
+# Static first: the arm's joints lead the grasp prefix. The pick camera fires with the arm parked,
+# so these tokens repeat frame after frame and their KV cache is kept (exact prefix reuse). Joint
+# bins are centred on multiples of pi/8, so a parked joint at 0 or -pi/2 sits mid-bin, not on an edge.
+GRASP_FEATURES = tuple((f"joint{i}", 16, -math.pi - math.pi / 16, math.pi - math.pi / 16, "linear")
+                       for i in range(6)) + (  # 6 arm joints
     ("n_objects", 6, 0.5, 6.5, "linear"),
     ("x", 256, -0.128, 0.128, "linear"),  # metres, pick_table (the grasp x grid)
     ("y", 256, -0.128, 0.128, "linear"),
@@ -53,7 +57,7 @@ GRASP_FEATURES = (
     ("area_m2", 32, 4e-4, 8e-3, "log"),
     ("rect_fill", 16, 0.6, 1.0, "linear"),
     ("solidity", 16, 0.7, 1.0, "linear"),
-) + tuple((f"joint{i}", 16, -math.pi, math.pi, "linear") for i in range(6))  # 6 arm joints
+)
 
 
 def square_resize(image: np.ndarray, size_px: int) -> np.ndarray:

@@ -177,15 +177,26 @@ def _sequences(data: dict[str, np.ndarray]):
 
 
 def train(model, data: dict[str, np.ndarray], steps: int, lr: float, batch: int, log_path: Path,
-          ckpt_dir: Path | None = None, label: str = "") -> dict:
+          ckpt_dir: Path | None = None, label: str = "", heads=None, heads_weight: float = 0.5,
+          action_offset: int = 0) -> dict:
+    """Train on the action tokens. With `heads` (train_heads.Heads) the draft heads learn with the
+    target (multi-token prediction): loss = LM loss + heads_weight x the heads' loss, so the
+    target's hidden state learns to carry what the next few tokens need. `action_offset`: the first
+    action token id (the heads predict over the action tokens only)."""
     import torch
+
+    from train_heads import action_labels
 
     torch.set_num_threads(int(os.environ.get("TRAIN_THREADS", "2")))
     seq, p = _sequences(data)
     n, length = seq.shape
     inputs, targets = seq[:, :-1], seq[:, 1:].clone()
     targets[:, :p - 1] = -100  # loss only on action tokens
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
+    head_targets = None
+    if heads is not None:
+        head_targets = action_labels(seq[:, p:], heads.w1.shape[0], action_offset)  # [N, A, K]
+    params = list(model.parameters()) + (heads.params() if heads is not None else [])
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     warm = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
@@ -200,9 +211,12 @@ def train(model, data: dict[str, np.ndarray], steps: int, lr: float, batch: int,
         logits = model.lm_head(hidden[:, p - 1:])  # [B, A, V]: only positions that predict actions
         tgt = targets[idx][:, p - 1:]  # [B, A]
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1))
+        if heads is not None:
+            head_loss = heads.loss(hidden[:, p - 1:], head_targets[idx])
+            loss = loss + heads_weight * head_loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         sched.step()
         if step % 50 == 0 or step == steps - 1:

@@ -24,6 +24,7 @@ from .qc import Lighting, apply_lighting
 
 SUPERSAMPLE = 4
 HOME_JOINTS_RAD = (0.0, -1.2, 1.6, -1.97, -1.57, 0.0)
+PARKED_NOISE_RAD = 0.01  # joint noise of the parked arm in the generated scenes
 FORCE_BASE_N = {"box": 15.0, "cylinder": 12.0, "irregular": 8.0}
 FORCE_PER_M2 = 2000.0
 TARGET_AREA_RATIO = 1.15
@@ -137,7 +138,8 @@ def sample_scene(rng: np.random.Generator, heldout: bool) -> GraspScene:
         areas = sorted((polygon_moments(o.footprint_m)[0] for o in objs), reverse=True)
         if objs and (len(areas) == 1 or areas[0] >= TARGET_AREA_RATIO * areas[1]):
             break
-    joints = np.asarray(HOME_JOINTS_RAD) + rng.uniform(-0.4, 0.4, N_ARM_JOINTS)
+    # the pick camera fires with the arm parked at home (as in the cell): encoder noise only
+    joints = np.asarray(HOME_JOINTS_RAD) + rng.uniform(-PARKED_NOISE_RAD, PARKED_NOISE_RAD, N_ARM_JOINTS)
     light = _lighting(rng, heldout)
     return GraspScene(tuple(objs), joints, light)
 
