@@ -1,8 +1,8 @@
 """The deadline guard: which planner's answer is published, and why (policy only).
 
     budget (from the sensor stamp) ──► fast planner, with the fast budget
-        ok, in time, confident, inside limits ──────────────────────────────► source=fast
-        raised / over budget / bad tokens / unsure / outside limits
+        ok, in time, confident, inside limits, not covered by `policy` ─────► source=fast
+        raised / over budget / bad tokens / unsure / outside limits / a policy rule (policy.py)
             └► full-precision planner, if its measured latency fits what is left
                    ok and inside limits ─────────────────────────────────────► source=full_precision
                    else ─────────────────────────────────────────────────────► source=safe_default
@@ -21,7 +21,7 @@ import math
 import random
 import threading
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -31,6 +31,7 @@ from sol_control.budget import NS_PER_MS, Budget
 from sol_control.config import NodeConfig
 from sol_control.decision import Decision, Failure, on_time_or_safe
 from sol_control.planners import FastPlanner, FullPrecisionPlanner, PlanResult
+from sol_control.policy import overruled, policy_failure
 
 PROBE_EVERY = 8  # after this many skipped fast paths in a row, run one to refresh its latency model
 
@@ -77,7 +78,8 @@ def fast_budget(budget: Budget, cfg: NodeConfig, full_estimate_ms: float, fast_p
 
 @dataclass(frozen=True)
 class Attempt:
-    """One planner's try: its action, or why there is none."""
+    """One planner's try: its action, or why there is none (a failure). A fast answer the policy
+    covers keeps its action and gets the rule as its failure."""
 
     action: Action | None
     failure: Failure | None
@@ -125,9 +127,12 @@ class DeadlineGuard:
             return done(safe_default(self.task), "safe_default", fast_failure=Failure("no_budget"))
         fast = self._try_fast(prefix, budget, cfg)
         if fast.action is not None:
-            d = done(fast.action, "fast", fast, tokens=fast.tokens)
-            self._maybe_audit(prefix, d, cfg)
-            return d
+            rule = policy_failure(fast.action, cfg.policy, cfg.limits)
+            if rule is None:
+                d = done(fast.action, "fast", fast, tokens=fast.tokens)
+                self._maybe_audit(prefix, d, cfg)
+                return d
+            fast = replace(fast, failure=rule)  # full precision where it matters: same path as a fallback
         if not budget.fits(self._full_estimate(cfg) + cfg.deadline.publish_margin_ms):
             return done(safe_default(self.task), "safe_default", fast, fast_failure=fast.failure,
                         full_failure=Failure("full_precision_would_miss"))
@@ -135,8 +140,9 @@ class DeadlineGuard:
         if full.action is None:
             return done(safe_default(self.task), "safe_default", fast, fast_failure=fast.failure,
                         full_failure=full.failure, full_ms=full.ms)
+        changed = fast.action is not None and overruled(fast.action, full.action)
         return done(full.action, "full_precision", fast, fast_failure=fast.failure, full_ms=full.ms,
-                    tokens=full.tokens)
+                    tokens=full.tokens, policy_overruled=changed)
 
     def _try_fast(self, prefix: np.ndarray, budget: Budget, cfg: NodeConfig) -> Attempt:
         clock = budget.clock
