@@ -262,11 +262,14 @@ def load_yaml(path: str | Path, node_name: str = NODE_NAME) -> NodeConfig:
 YAML_HEADER = """sol_control defaults (ROS 2 params file), generated from sol_control/config.py by
 `python -m sol_control.config > config/sol_control.yaml` (a test fails when it is stale).
 The same names work as ROS parameters (`ros2 param set /sol_control deadline.qc_ms 8.0`),
-here, and as CLI overrides (`--param deadline.qc_ms=8`). Floats need a decimal point."""
+here, and as CLI overrides (`--param deadline.qc_ms=8`). Floats need a decimal point.
+The key /** applies the file to whichever node it is given to, in any namespace and under any
+name (/line1/sol_control, sol_control_qc); a `sol_control:` key would match /sol_control only."""
+PARAMS_FILE_KEY = "/**"  # a params file's node key that matches every node name and namespace
 
 
 def render_yaml() -> str:
-    return params.render_yaml(NodeConfig, NODE_NAME, YAML_HEADER)
+    return params.render_yaml(NodeConfig, PARAMS_FILE_KEY, YAML_HEADER)
 
 
 if __name__ == "__main__":

@@ -65,3 +65,30 @@ def test_two_lines_on_one_graph_decide_only_their_own_frames(bags, tmp_path):
         # the node's clock is the one shared /clock (sim time from 0), not a /lineN/clock or the wall
         assert 0.0 < qc["stamp_s"] <= result["sim_time_s"] + 1e-9
     assert set(result["diagnostics"]) == {f"line{k}/sol_control: {s}" for k in (1, 2) for s in ("node", "qc")}
+
+
+def test_params_file_applies_to_a_node_in_a_line_namespace(tmp_path):
+    """The shipped params file's key (/**) reaches /line1/sol_control; a `sol_control:` key would not
+    (rcl matches it against /sol_control only), so a launch with namespace:=line1 would silently run
+    on defaults."""
+    import rclpy
+    from rclpy.context import Context
+
+    from sol_control.config import render_yaml
+    from sol_control.ros.node import CoprocessorNode
+
+    set_ros_env(LINES_DOMAIN)
+    given = render_yaml().replace("qc_ms: 20.0", "qc_ms: 12.5")
+    assert given != render_yaml()
+    for key, expect in (("/**", 12.5), ("sol_control", 20.0)):
+        path = tmp_path / f"{len(key)}.yaml"
+        path.write_text(given.replace("/**:\n", f"{key}:\n"))
+        ctx = Context()
+        rclpy.init(context=ctx, domain_id=LINES_DOMAIN, args=["--ros-args", "--params-file", str(path)])
+        try:
+            node = CoprocessorNode(context=ctx, namespace="line1")
+            assert node.get_fully_qualified_name() == "/line1/sol_control"
+            assert node.cfg.deadline.qc_ms == expect, key
+            node.destroy_node()
+        finally:
+            ctx.try_shutdown()
