@@ -14,6 +14,7 @@ COMMANDS = {
     "eval": ("sol_control.eval", "accuracy of a bundle on the test or held-out split, per precision"),
     "demo": ("sol_control.sim.demo", "run the simulated cell with the coprocessor (the main job)"),
     "replay": ("sol_control.sim.replay", "feed a recorded MCAP bag through the coprocessor offline"),
+    "lines": ("sol_control.sim.lines", "several QC lines on one ROS graph (namespaces), fed from recorded bags"),
     "soak": ("sol_control.bench.soak", "long run at 3x the nominal rate: memory, misses, p99"),
 }
 BENCHES = {

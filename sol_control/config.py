@@ -8,17 +8,20 @@ Invalid values raise ValueError naming the field and the value given.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sol_control import params
+from sol_control.energy import DEFAULT_WATTS_PER_BUSY_CORE
 
 NODE_NAME = "sol_control"
 STRUCT = {"structural": True}  # json_schema_extra of fields that apply at the next configure
 DEFAULT_CAMERA_TO_EJECTOR_M = 0.5  # the simulated cell's geometry; a real line sets its own
 Task = Literal["qc", "grasp"]
+QC_CLASS_NAME = re.compile(r"[a-z][a-z0-9_]*")  # a defect label in policy.full_precision_qc_classes
 
 
 class Strict(BaseModel):
@@ -111,6 +114,52 @@ class LimitsConfig(Strict):
         return self
 
 
+class PolicyConfig(Strict):
+    """Full precision where it matters: fast answers these rules cover go to the fp32 planner
+    (`sol_control/policy.py`); the deadline guard still rules. Every rule is off by default."""
+
+    full_precision_qc_classes: str = Field(
+        "", max_length=400, description="comma-separated defect classes (the bundle's labels, e.g. "
+                                        "crack,missing_hole) whose fast QC verdicts go to full precision; "
+                                        "empty = off")
+    full_precision_qc_min_severity: float = Field(
+        0.0, ge=0.0, le=1.0, description="fast QC rejects with a severity at or above this go to full "
+                                         "precision; 0 = off")
+    full_precision_grasp_min_force_n: float = Field(
+        0.0, ge=0.0, le=10000.0, description="fast grasps with a grip force at or above this go to full "
+                                             "precision (N); 0 = off")
+    full_precision_workspace_margin_m: float = Field(
+        0.0, ge=0.0, le=1.0, description="fast grasps whose grasp point or an approach waypoint lies within "
+                                         "this distance of an x/y workspace limit go to full precision (m); "
+                                         "0 = off")
+
+    @field_validator("full_precision_qc_classes")
+    @classmethod
+    def _class_names(cls, value: str) -> str:
+        names = [n.strip() for n in value.split(",")] if value.strip() else []
+        bad = [n for n in names if not QC_CLASS_NAME.fullmatch(n)]
+        if bad:
+            raise ValueError(f"class names must be lower-case labels separated by commas "
+                             f"(e.g. crack,missing_hole), got {bad}")
+        return ",".join(names)
+
+    @property
+    def qc_classes(self) -> frozenset[str]:
+        return frozenset(self.full_precision_qc_classes.split(",")) - {""}
+
+    @property
+    def active(self) -> bool:
+        return bool(self.qc_classes or self.full_precision_qc_min_severity
+                    or self.full_precision_grasp_min_force_n or self.full_precision_workspace_margin_m)
+
+
+class EnergyConfig(Strict):
+    watts_per_busy_core: float = Field(
+        DEFAULT_WATTS_PER_BUSY_CORE, gt=0.0, le=1000.0,
+        description="assumed power of one busy CPU core, used for joules per decision when RAPL cannot "
+                    "be read (W; the default is AMD EPYC 9655's 400 W TDP / 96 cores)")
+
+
 class InputConfig(Strict):
     max_image_pixels: int = Field(4_194_304, ge=1, le=100_000_000,
                                   description="images with more pixels (width*height) are rejected")
@@ -149,6 +198,8 @@ class NodeConfig(Strict):
     qc: QCConfig = QCConfig()
     grasp: GraspConfig = GraspConfig()
     limits: LimitsConfig = LimitsConfig()
+    policy: PolicyConfig = PolicyConfig()
+    energy: EnergyConfig = EnergyConfig()
     inputs: InputConfig = InputConfig()
     fault_injection: FaultInjection = FaultInjection()
 
@@ -211,11 +262,14 @@ def load_yaml(path: str | Path, node_name: str = NODE_NAME) -> NodeConfig:
 YAML_HEADER = """sol_control defaults (ROS 2 params file), generated from sol_control/config.py by
 `python -m sol_control.config > config/sol_control.yaml` (a test fails when it is stale).
 The same names work as ROS parameters (`ros2 param set /sol_control deadline.qc_ms 8.0`),
-here, and as CLI overrides (`--param deadline.qc_ms=8`). Floats need a decimal point."""
+here, and as CLI overrides (`--param deadline.qc_ms=8`). Floats need a decimal point.
+The key /** applies the file to whichever node it is given to, in any namespace and under any
+name (/line1/sol_control, sol_control_qc); a `sol_control:` key would match /sol_control only."""
+PARAMS_FILE_KEY = "/**"  # a params file's node key that matches every node name and namespace
 
 
 def render_yaml() -> str:
-    return params.render_yaml(NodeConfig, NODE_NAME, YAML_HEADER)
+    return params.render_yaml(NodeConfig, PARAMS_FILE_KEY, YAML_HEADER)
 
 
 if __name__ == "__main__":

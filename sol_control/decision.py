@@ -7,7 +7,9 @@
 
 Failures are structured inside the code (`Failure(key, detail)`, counted by key); the published
 `reason` is their readable join, `"<fast failure>><full-precision failure>"`, e.g.
-`fast_over_budget>full_precision_would_miss` or `fast_error:ValueError`.
+`fast_over_budget>full_precision_would_miss` or `fast_error:ValueError`. A fast answer that the
+per-class policy (`sol_control/policy.py`) sent to full precision has a fast failure whose key
+starts with `policy_` (`policy_qc_class:crack`): `Decision.policy_rule` reads it back.
 """
 from __future__ import annotations
 
@@ -38,6 +40,9 @@ class Failure:
         return cls(key, detail)
 
 
+POLICY_PREFIX = "policy_"  # fast failures that are policy routes, not failures of the fast path
+
+
 @dataclass(frozen=True)
 class Decision:
     task: str  # "qc" | "grasp"
@@ -59,11 +64,18 @@ class Decision:
     perception_ms: float = math.nan  # image -> observation tokens
     cpu_ms: float = math.nan  # CPU time of the thread that decided (ONNX Runtime's work included)
     start_mono_ns: int = 0  # the sensor stamp on the monotonic clock (budget start); 0 = unknown
+    policy_overruled: bool = False  # the policy routed the fast answer and fp32 answered differently
 
     @property
     def reason(self) -> str:
         """The published, readable reason: "" for fast decisions."""
         return ">".join(str(f) for f in (self.fast_failure, self.full_failure) if f is not None)
+
+    @property
+    def policy_rule(self) -> str:
+        """The policy rule that sent the fast answer to full precision ("" when none did)."""
+        f = self.fast_failure
+        return f.key if f is not None and f.key.startswith(POLICY_PREFIX) else ""
 
 
 # Where a decision's time went (ms), in order: stamp -> work start (transport, waiting), image ->

@@ -1,8 +1,8 @@
 """The deadline guard: which planner's answer is published, and why (policy only).
 
     budget (from the sensor stamp) ──► fast planner, with the fast budget
-        ok, in time, confident, inside limits ──────────────────────────────► source=fast
-        raised / over budget / bad tokens / unsure / outside limits
+        ok, in time, confident, inside limits, not covered by `policy` ─────► source=fast
+        raised / over budget / bad tokens / unsure / outside limits / a policy rule (policy.py)
             └► full-precision planner, if its measured latency fits what is left
                    ok and inside limits ─────────────────────────────────────► source=full_precision
                    else ─────────────────────────────────────────────────────► source=safe_default
@@ -12,7 +12,8 @@ Fast budget = the remaining budget (minus the publish margin) times `fast_share`
 to leave room for the full-precision planner when the deadline is long enough to hold both. A fast
 path whose median recent latency does not fit its budget is not started (`fast_would_miss`), so a
 late frame gets its fallback at once instead of after a doomed run. The full-precision planner runs
-only if its measured p95 latency x `full_precision_safety` fits what is left.
+only if its measured p95 latency x `full_precision_safety` fits what is left; after PROBE_EVERY
+decisions in a row without it, one runs anyway, within the budget, to refresh that estimate.
 Nothing escapes `decide`: every exception becomes a `Failure` and a fallback.
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ import math
 import random
 import threading
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -31,8 +32,9 @@ from sol_control.budget import NS_PER_MS, Budget
 from sol_control.config import NodeConfig
 from sol_control.decision import Decision, Failure, on_time_or_safe
 from sol_control.planners import FastPlanner, FullPrecisionPlanner, PlanResult
+from sol_control.policy import overruled, policy_failure
 
-PROBE_EVERY = 8  # after this many skipped fast paths in a row, run one to refresh its latency model
+PROBE_EVERY = 8  # after this many skipped runs of a planner in a row, run one to refresh its latency model
 
 
 class LatencyModel:
@@ -77,7 +79,8 @@ def fast_budget(budget: Budget, cfg: NodeConfig, full_estimate_ms: float, fast_p
 
 @dataclass(frozen=True)
 class Attempt:
-    """One planner's try: its action, or why there is none."""
+    """One planner's try: its action, or why there is none (a failure). A fast answer the policy
+    covers keeps its action and gets the rule as its failure."""
 
     action: Action | None
     failure: Failure | None
@@ -104,6 +107,7 @@ class DeadlineGuard:
         self.full_latency = LatencyModel()
         self.fast_latency = LatencyModel()
         self._hopeless_in_row = 0
+        self._full_skipped_in_row = 0
         self.audit = audit
         self._rng = random.Random(0)
 
@@ -125,18 +129,22 @@ class DeadlineGuard:
             return done(safe_default(self.task), "safe_default", fast_failure=Failure("no_budget"))
         fast = self._try_fast(prefix, budget, cfg)
         if fast.action is not None:
-            d = done(fast.action, "fast", fast, tokens=fast.tokens)
-            self._maybe_audit(prefix, d, cfg)
-            return d
-        if not budget.fits(self._full_estimate(cfg) + cfg.deadline.publish_margin_ms):
+            rule = policy_failure(fast.action, cfg.policy, cfg.limits)
+            if rule is None:
+                d = done(fast.action, "fast", fast, tokens=fast.tokens)
+                self._maybe_audit(prefix, d, cfg)
+                return d
+            fast = replace(fast, failure=rule)  # full precision where it matters: same path as a fallback
+        if self._full_would_miss(budget, cfg):
             return done(safe_default(self.task), "safe_default", fast, fast_failure=fast.failure,
                         full_failure=Failure("full_precision_would_miss"))
         full = self._try_full(prefix, budget, cfg)
         if full.action is None:
             return done(safe_default(self.task), "safe_default", fast, fast_failure=fast.failure,
                         full_failure=full.failure, full_ms=full.ms)
+        changed = fast.action is not None and overruled(fast.action, full.action)
         return done(full.action, "full_precision", fast, fast_failure=fast.failure, full_ms=full.ms,
-                    tokens=full.tokens)
+                    tokens=full.tokens, policy_overruled=changed)
 
     def _try_fast(self, prefix: np.ndarray, budget: Budget, cfg: NodeConfig) -> Attempt:
         clock = budget.clock
@@ -207,6 +215,22 @@ class DeadlineGuard:
         self._hopeless_in_row += 1
         if self._hopeless_in_row >= PROBE_EVERY:
             self._hopeless_in_row = 0
+            return False
+        return True
+
+    def _full_would_miss(self, budget: Budget, cfg: NodeConfig) -> bool:
+        """True when fp32's estimated latency does not fit what is left. Every PROBE_EVERY-th such
+        decision in a row runs it anyway (within the budget: an unfinished run is cut, labelled
+        over budget and not measured), so an estimate inflated once (a slow warm-up under load)
+        cannot keep fp32 off for good; a measured estimate that was never made stays infinite."""
+        if budget.fits(self._full_estimate(cfg) + cfg.deadline.publish_margin_ms):
+            self._full_skipped_in_row = 0
+            return False
+        if self.full_latency.count == 0:
+            return True
+        self._full_skipped_in_row += 1
+        if self._full_skipped_in_row >= PROBE_EVERY and budget.remaining_ms() > cfg.deadline.publish_margin_ms:
+            self._full_skipped_in_row = 0
             return False
         return True
 

@@ -245,3 +245,21 @@ def test_unlimited_budget_runs_the_fallback_chain(bundle, clock):
     g = make_guard(bundle, "qc", cfg, clock)
     d = g.decide(PREFIX, budget(clock, None), stamp_ns=1)
     assert d.source == "full_precision" and d.reason == "fast_error:InjectedFault" and d.deadline_met
+
+
+def test_an_inflated_full_precision_estimate_is_probed_within_the_budget(bundle, clock):
+    # one slow warm-up run (500 ms) keeps fp32 "too slow" for a 100 ms deadline; without a probe it
+    # would never run again, so its estimate could never come down
+    cfg = Cfg(**{"qc.min_confidence": 0.0, "deadline.qc_ms": 100.0, "fault_injection.fast_raise": True})
+    g = make_guard(bundle, "qc", cfg, clock, measure=False)
+    cfg.value = from_flat({"fault_injection.full_delay_ms": 500.0}, base=cfg.value)
+    g.measure_full(PREFIX, budget(clock, None))
+    cfg.value = from_flat({"fault_injection.full_delay_ms": 0.0}, base=cfg.value)
+    sources = [g.decide(PREFIX, budget(clock, 100.0), stamp_ns=1).source for _ in range(PROBE_EVERY)]
+    assert sources == ["safe_default"] * (PROBE_EVERY - 1) + ["full_precision"]
+    assert g.full_latency.count == 2  # the probe finished within its budget and was measured
+    # a probe that cannot finish in its budget gives the labelled safe default and is not measured
+    cfg.value = from_flat({"fault_injection.full_delay_ms": 150.0}, base=cfg.value)
+    last = [g.decide(PREFIX, budget(clock, 100.0), stamp_ns=1) for _ in range(PROBE_EVERY)][-1]
+    assert last.source == "safe_default" and last.reason == "fast_error:InjectedFault>full_precision_over_budget"
+    assert g.full_latency.count == 2

@@ -138,9 +138,10 @@ def test_package_xml_declares_every_message_package_the_ros_layer_imports():
 
 
 def test_core_is_ros_free():
-    """rclpy only in sol_control/ros/ and the simulator's bridge; torch nowhere the node can reach
-    (the transformers peer worker, bench/peers/hf_transformers.py, runs in .venv-peers subprocesses only)."""
-    ros_ok = {REPO / "sol_control" / "sim" / "bridge.py"}
+    """rclpy only in sol_control/ros/ and the simulator's two ROS nodes (the cell's bridge, the line
+    player of `sol-control lines`); torch nowhere the node can reach (the transformers peer worker,
+    bench/peers/hf_transformers.py, runs in .venv-peers subprocesses only)."""
+    ros_ok = {REPO / "sol_control" / "sim" / "bridge.py", REPO / "sol_control" / "sim" / "line_player.py"}
     torch_ok = {REPO / "sol_control" / "bench" / "peers" / "hf_transformers.py"}
     for f in (REPO / "sol_control").rglob("*.py"):
         src = f.read_text()

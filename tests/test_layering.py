@@ -13,7 +13,7 @@ PKG = REPO / "sol_control"
 EDGES = ("ros", "sim", "bench", "tasks")
 EDGE_FILES = ("eval.py", "cli.py")
 # policy: how decisions are made. The node and replay run the Coprocessor (its facade), never these.
-POLICY = {"sol_control.guard", "sol_control.planners", "sol_control.audit"}
+POLICY = {"sol_control.guard", "sol_control.planners", "sol_control.audit", "sol_control.policy"}
 
 
 def imports(path: Path) -> set[str]:

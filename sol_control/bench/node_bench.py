@@ -9,8 +9,14 @@ arrived within the mode's deadline / frames published (a frame without a decisio
 `node_deadline_met_rate` = the node's own `deadline_met` over decisions. CPU = the node process's
 user+system time over wall time while publishing (100 % = one core).
 
+Energy (sol_control.energy): `cpu_ms_per_decision` / `joules_per_decision` = the deciding thread's
+CPU time (each record's `cpu_ms`), by source under `energy_by_source`; `process_cpu_ms_per_decision`
+/ `process_joules_per_decision` = the node process's CPU over the run / decisions (executor, DDS,
+audit included); `joules_per_decision_basis` says measured (RAPL) or estimated, `energy_assumption` how.
+
 JSON (--json PATH): {"modes": {"qc": {"p50_ms", "p99_ms", "p999_ms", "hit_rate", "sources": {...},
-...}, "grasp": {...}}, "config": {...}} and the same per-mode dicts at the top level under "qc"/"grasp".
+"cpu_ms_per_decision", "joules_per_decision", ...}, "grasp": {...}}, "config": {...}} and the same
+per-mode dicts at the top level under "qc"/"grasp".
 No rclpy here: the peers live in sol_control/ros/bench_peers.py.
 """
 from __future__ import annotations
@@ -29,6 +35,7 @@ from pathlib import Path
 from sol_control.bench.common import REPO, pct, table
 from sol_control.budget import NS_PER_MS
 from sol_control.config import NodeConfig, apply_overrides, to_flat
+from sol_control.energy import EnergyMeter, labels, per_source
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -97,9 +104,11 @@ def run_mode(task: str, cfg: NodeConfig, args: argparse.Namespace, work: Path) -
         if node.poll() is not None or not line.startswith("publishing"):
             pub.kill()
             raise RuntimeError(f"the node did not become active; its log:\n{_tail(work / f'{task}_node.log')}")
+        meter = EnergyMeter(cfg.energy.watts_per_busy_core)  # RAPL over the run where readable
         cpu0, wall0 = _cpu_s(node.pid), time.monotonic()
         pub.wait()
         cpu1, wall1 = _cpu_s(node.pid), time.monotonic()
+        meter.update()
         if pub.returncode != 0:
             raise RuntimeError(f"publisher failed (exit {pub.returncode}); node log:\n{_tail(work / f'{task}_node.log')}")
         time.sleep(1.0)  # let the last decisions arrive
@@ -109,8 +118,24 @@ def run_mode(task: str, cfg: NodeConfig, args: argparse.Namespace, work: Path) -
         log.close()
     published = json.loads(pub_out.read_text())
     rows = json.loads(sub_out.read_text())["rows"]
-    return summarize(task, cfg.deadline.for_task(task), published, rows,
-                     cpu_percent=100.0 * (cpu1 - cpu0) / max(wall1 - wall0, 1e-9))
+    out = summarize(task, cfg.deadline.for_task(task), published, rows,
+                    cpu_percent=100.0 * (cpu1 - cpu0) / max(wall1 - wall0, 1e-9))
+    out.update(energy_summary(rows, set(published["stamps"]), cpu1 - cpu0, meter))
+    return out
+
+
+def energy_summary(rows: list, sent: set[int], node_cpu_s: float, meter: EnergyMeter) -> dict:
+    """CPU ms and joules per decision: of the deciding thread (`cpu_ms` of each record, by source and
+    overall) and of the whole node process (its CPU over the run / decisions: executor, DDS, audit)."""
+    got = {r[0]: r for r in rows if r[0] in sent}
+    cpu = [(r[2], r[10] if len(r) > 10 else float("nan")) for r in got.values()]
+    by_source = per_source(cpu, meter)
+    finite = [c for _, c in cpu if c == c]
+    cpu_ms = sum(finite) / len(finite) if finite else float("nan")
+    process_ms = 1000.0 * node_cpu_s / len(got) if got else float("nan")
+    return {"cpu_ms_per_decision": cpu_ms, "joules_per_decision": meter.joules(cpu_ms),
+            "process_cpu_ms_per_decision": process_ms, "process_joules_per_decision": meter.joules(process_ms),
+            "energy_by_source": by_source, **labels(meter)}
 
 
 def _tail(path: Path, n_chars: int = 3000) -> str:
@@ -159,10 +184,14 @@ def run(args: argparse.Namespace) -> int:
             results[m] = run_mode(m, cfg, args, Path(tmp))
     rows = [[m, f"{r['deadline_ms']:.1f}", r["frames_published"], r["decisions_received"], f"{r['p50_ms']:.2f}",
              f"{r['p99_ms']:.2f}", f"{r['p999_ms']:.2f}", f"{100 * r['hit_rate']:.2f}%",
-             " ".join(f"{k}={v}" for k, v in sorted(r["sources"].items())), f"{r['cpu_percent']:.0f}%"]
+             " ".join(f"{k}={v}" for k, v in sorted(r["sources"].items())), f"{r['cpu_percent']:.0f}%",
+             f"{r['cpu_ms_per_decision']:.2f} / {r['process_cpu_ms_per_decision']:.2f}",
+             f"{1000 * r['joules_per_decision']:.1f} / {1000 * r['process_joules_per_decision']:.1f}"]
             for m, r in results.items()]
     print(table(["mode", "deadline ms", "frames", "decided", "p50 ms", "p99 ms", "p99.9 ms", "hit rate", "sources",
-                 "cpu"], rows))
+                 "cpu", "cpu ms/decision (thread / node)", "mJ/decision"], rows))
+    if results:
+        print(f"joules: {next(iter(results.values()))['energy_assumption']}")
     out = {"modes": results, **results, "config": {"seconds": args.seconds, "image_hz": args.image_hz,
                                                    "joint_hz": args.joint_hz, "params": args.param,
                                                    "cpus": os.cpu_count()}}

@@ -4,7 +4,8 @@
         camera images (rgb8, test-split scenes, stamped at send) at --image-hz and joint states at
         --joint-hz, starting once the node reports `active` on /diagnostics
     python -m sol_control.ros.bench_peers subscribe --task qc --out sub.json
-        records every decision: stamp, receipt time (ROS clock), source, deadline_met; stops on SIGINT
+        records every decision: stamp, receipt time (ROS clock), source, deadline_met, stage times,
+        CPU ms; stops on SIGINT
 """
 from __future__ import annotations
 
@@ -96,7 +97,7 @@ def subscribe(args: argparse.Namespace) -> int:
         kv = {v.key: v.value for v in msg.values}
         rows.append([int(kv["stamp"]), recv, kv["source"], kv["deadline_met"] == "true", float(kv["latency_ms"]),
                      kv["reason"], float(kv.get("queue_ms", "nan")), float(kv.get("perception_ms", "nan")),
-                     float(kv.get("fast_ms", "nan")), float(kv.get("full_ms", "nan"))])
+                     float(kv.get("fast_ms", "nan")), float(kv.get("full_ms", "nan")), float(kv.get("cpu_ms", "nan"))])
     topic = "qc/verdict" if args.task == "qc" else "grasp/decision"
     node.create_subscription(DiagnosticStatus, topic, on_decision, qos.decision_qos(0))
     try:

@@ -134,7 +134,9 @@ def _common_values(d: Decision) -> list[KeyValue]:
             KeyValue(key="deadline_met", value="true" if d.deadline_met else "false"),
             KeyValue(key="stamp", value=str(int(d.stamp_ns))),
             KeyValue(key="frame_id", value=d.frame_id),
-            *(KeyValue(key=k, value=f"{getattr(d, k):.4f}") for k in STAGE_FIELDS)]
+            *(KeyValue(key=k, value=f"{getattr(d, k):.4f}") for k in STAGE_FIELDS),
+            KeyValue(key="cpu_ms", value=f"{d.cpu_ms:.4f}"),
+            KeyValue(key="policy_overruled", value="true" if d.policy_overruled else "false")]
 
 
 def decision_to_status(d: Decision) -> DiagnosticStatus:
@@ -182,7 +184,8 @@ def _decision_from_kv(name: str, kv: dict[str, str]) -> Decision:
     return Decision(task, action, kv["source"], float(kv["latency_ms"]), float(kv["deadline_ms"]),
                     kv["deadline_met"] == "true", int(kv["stamp"]), kv["frame_id"],
                     fast_failure=Failure.parse(fast_failure), full_failure=Failure.parse(full_failure),
-                    eject_time_ns=int(kv.get("eject_time", "0")),
+                    eject_time_ns=int(kv.get("eject_time", "0")), cpu_ms=float(kv.get("cpu_ms", "nan")),
+                    policy_overruled=kv.get("policy_overruled") == "true",
                     **{k: float(kv.get(k, "nan")) for k in STAGE_FIELDS})
 
 

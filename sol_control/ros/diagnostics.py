@@ -2,8 +2,11 @@
 
 Per task: decisions/s, latency p50/p99 (sensor stamp -> decision), deadline hit rate, decisions by
 source, fallbacks by the fast path's failure, safe defaults by final reason, speculative
-acceptance, audit agreement. Node-wide: rejected inputs by reason, superseded frames, offered
-deadline misses, sensor timeout, lifecycle state and configure errors.
+acceptance, audit agreement, the per-class policy's routes, CPU ms and joules per decision by
+source. Node-wide: rejected inputs by reason, superseded frames, offered deadline misses, sensor
+timeout, lifecycle state and configure errors, how joules are obtained (measured or estimated).
+Statuses are named `<line>/sol_control: <task>` with hardware_id `<line>` for a node in namespace
+`/<line>` (several lines on one /diagnostics), `sol_control: <task>` in the root namespace.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import numpy as np
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 
 from sol_control.decision import Decision
+from sol_control.energy import EnergyMeter, labels
 
 WINDOW = 2000  # decisions kept per task for percentiles
 
@@ -31,6 +35,44 @@ class TaskStats:
         self.fallbacks: Counter[str] = Counter()
         self.safe_defaults: Counter[str] = Counter()
         self.missed = 0
+        self.policy_routed = self.policy_safe_defaults = self.policy_overruled = 0
+        self.cpu_ms_sum: Counter[str] = Counter()  # by source, decisions with a measured CPU time
+        self.cpu_n: Counter[str] = Counter()
+
+    def record(self, d: Decision) -> None:
+        self.total += 1
+        self.latency_ms.append(d.latency_ms)
+        self.met.append(d.deadline_met)
+        self.times_ns.append(time.monotonic_ns())
+        self.missed += not d.deadline_met
+        self.sources[d.source] += 1
+        if math.isfinite(d.acceptance):
+            self.acceptance.append(d.acceptance)
+        if d.source != "fast" and d.fast_failure is not None:
+            self.fallbacks[d.fast_failure.key] += 1
+            if d.source == "safe_default":
+                self.safe_defaults[(d.full_failure or d.fast_failure).key] += 1
+        if d.policy_rule:
+            self.policy_routed += 1
+            self.policy_safe_defaults += d.source == "safe_default"
+            self.policy_overruled += d.policy_overruled
+        if math.isfinite(d.cpu_ms):
+            self.cpu_ms_sum[d.source] += d.cpu_ms
+            self.cpu_n[d.source] += 1
+
+    def policy_and_energy(self, energy: EnergyMeter | None) -> list[tuple[str, object]]:
+        share = self.policy_routed / self.total if self.total else math.nan
+        kv: list[tuple[str, object]] = [
+            ("policy_routed", self.policy_routed), ("policy_routed_share", f"{share:.4f}"),
+            ("policy_safe_defaults", self.policy_safe_defaults), ("policy_overruled", self.policy_overruled)]
+        for source in sorted(self.cpu_n):
+            cpu_ms = self.cpu_ms_sum[source] / self.cpu_n[source]
+            kv.append((f"cpu_ms_per_decision.{source}", f"{cpu_ms:.3f}"))
+            if energy is not None:
+                kv.append((f"joules_per_decision.{source}", f"{energy.joules(cpu_ms):.5f}"))
+        if energy is not None:
+            kv.append(("joules_per_decision_basis", energy.basis))
+        return kv
 
 
 class NodeStats:
@@ -44,19 +86,7 @@ class NodeStats:
 
     def record(self, d: Decision) -> None:
         with self._lock:
-            t = self.tasks.setdefault(d.task, TaskStats())
-            t.total += 1
-            t.latency_ms.append(d.latency_ms)
-            t.met.append(d.deadline_met)
-            t.times_ns.append(time.monotonic_ns())
-            t.missed += not d.deadline_met
-            t.sources[d.source] += 1
-            if math.isfinite(d.acceptance):
-                t.acceptance.append(d.acceptance)
-            if d.source != "fast" and d.fast_failure is not None:
-                t.fallbacks[d.fast_failure.key] += 1
-                if d.source == "safe_default":
-                    t.safe_defaults[(d.full_failure or d.fast_failure).key] += 1
+            self.tasks.setdefault(d.task, TaskStats()).record(d)
 
     def reject(self, reason: str) -> None:
         with self._lock:
@@ -74,7 +104,8 @@ class NodeStats:
 
     # -- message ---------------------------------------------------------------------------------
     def to_msg(self, stamp, state: str, config_error: str, extra: dict[str, dict[str, float]],
-               superseded: int) -> DiagnosticArray:
+               superseded: int, energy: EnergyMeter | None = None, line: str = "") -> DiagnosticArray:
+        """`line`: the node's namespace without its leading slash ("" in the root namespace)."""
         now = time.monotonic_ns()
         out = DiagnosticArray()
         out.header.stamp = stamp
@@ -89,7 +120,10 @@ class NodeStats:
                   ("superseded_frames", superseded), ("offered_deadline_missed", self.offered_deadline_missed),
                   ("sensor_timeout", self.sensor_timeout), ("errors", self.errors)]
             kv += [(f"rejected.{k}", v) for k, v in sorted(self.rejected.items())]
-            out.status.append(_status(node_level, "sol_control: node", msg, kv))
+            if energy is not None:
+                kv += [("watts_per_busy_core", f"{energy.watts_per_busy_core:.3f}"), *labels(energy).items()]
+            name, hardware_id = (f"{line}/sol_control", line) if line else ("sol_control", "sol_control")
+            out.status.append(_status(node_level, f"{name}: node", msg, kv, hardware_id))
             for task, t in sorted(self.tasks.items()):
                 lat = np.fromiter(t.latency_ms, float) if t.latency_ms else np.array([math.nan])
                 recent = sum(1 for x in t.times_ns if now - x <= 1_000_000_000)
@@ -103,14 +137,16 @@ class NodeStats:
                 kv += [(f"source.{k}", v) for k, v in sorted(t.sources.items())]
                 kv += [(f"fallback.{k}", v) for k, v in sorted(t.fallbacks.items())]
                 kv += [(f"safe_default.{k}", v) for k, v in sorted(t.safe_defaults.items())]
+                kv += t.policy_and_energy(energy)
                 kv += [(k, f"{v:.4f}" if isinstance(v, float) else v) for k, v in extra.get(task, {}).items()]
                 level = DiagnosticStatus.OK
                 if t.met and hit < 0.999:
                     level = DiagnosticStatus.WARN
-                out.status.append(_status(level, f"sol_control: {task}", f"hit rate {hit:.4f}", kv))
+                out.status.append(_status(level, f"{name}: {task}", f"hit rate {hit:.4f}", kv, hardware_id))
         return out
 
 
-def _status(level: bytes, name: str, message: str, kv: list[tuple[str, object]]) -> DiagnosticStatus:
+def _status(level: bytes, name: str, message: str, kv: list[tuple[str, object]],
+            hardware_id: str) -> DiagnosticStatus:
     values = [KeyValue(key=k, value=str(v).lower() if isinstance(v, bool) else str(v)) for k, v in kv]
-    return DiagnosticStatus(level=level, name=name, message=message, hardware_id="sol_control", values=values)
+    return DiagnosticStatus(level=level, name=name, message=message, hardware_id=hardware_id, values=values)

@@ -31,6 +31,7 @@ from sol_control import priority
 from sol_control.budget import NS_PER_MS
 from sol_control.config import NODE_NAME, STRUCTURAL, NodeConfig, from_flat
 from sol_control.decision import Decision
+from sol_control.energy import EnergyMeter
 from sol_control.ros import convert, qos
 from sol_control.ros.diagnostics import NodeStats
 from sol_control.ros.params import declare_config
@@ -60,6 +61,7 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
         self.cfg, self._param_error = declare_config(self, NodeConfig, "parameters")
         if self._param_error:
             self.get_logger().error(f"invalid parameters, node will not configure: {self._param_error}")
+        self.energy = EnergyMeter(self.cfg.energy.watts_per_busy_core)  # RAPL if readable, else estimated
         self.add_on_set_parameters_callback(self._on_set_parameters)
         self._subs: list = []
         self.side_streams: SideStreams | None = None
@@ -68,6 +70,7 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
         self.runners: dict[str, TaskRunner] = {}
         self._last_frame_stamp_ns = 0
         self._marker_id = 0
+        # /diagnostics is absolute: one topic for every line; statuses carry the namespace (the line)
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", qos.diagnostics_qos())
         self._diag_timer = self.create_timer(1.0, self._publish_diagnostics)
 
@@ -85,6 +88,7 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
         self._param_error = ""
         if self.cop is not None:
             self.cop.set_config(new)
+        self.energy.assumed_w = new.energy.watts_per_busy_core  # a measured RAPL rate stays measured
         return SetParametersResult(successful=True)
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -291,8 +295,10 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
                 extra[task]["watchdog_fired"] = runner.watchdog.fired
                 extra[task]["late_results_discarded"] = runner.watchdog.discarded
         err = self.config_error or self._param_error
+        self.energy.update()
         msg = self.stats.to_msg(self.get_clock().now().to_msg(), self._state, err, extra,
-                                sum(r.frames.superseded for r in self.runners.values()))
+                                sum(r.frames.superseded for r in self.runners.values()), self.energy,
+                                self.get_namespace().strip("/"))
         self._diag_pub.publish(msg)
 
     def _log_limited(self, key: str, text: str) -> None:

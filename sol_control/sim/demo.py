@@ -18,6 +18,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 CAMERA_OF_TASK = {"qc": "qc", "grasp": "pick"}
+# `--policy`: full precision where it matters, as a line might set it (docs/SIMULATION.md has its figures)
+DEMO_POLICY = ["policy.full_precision_qc_classes=crack,missing_hole", "policy.full_precision_qc_min_severity=0.8",
+               "policy.full_precision_grasp_min_force_n=22.0", "policy.full_precision_workspace_margin_m=0.05"]
 STARTUP_TIMEOUT_S = 180.0
 
 
@@ -34,6 +37,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="demo_report", help="report folder (default demo_report/)")
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                    help="extra coprocessor parameter, e.g. deadline.qc_ms=8 (repeatable)")
+    p.add_argument("--policy", action="store_true",
+                   help="turn on the example per-class policy (DEMO_POLICY: full precision for crack and "
+                        "missing_hole verdicts, rejects of severity >= 0.8, grasps of >= 22 N or within "
+                        "5 cm of the workspace's x/y limits); --param policy.* sets your own")
     p.add_argument("--record", default="", metavar="BAG",
                    help="record telemetry, ground truth and decisions as rosbag2 MCAP (new folder)")
     p.add_argument("--only", choices=("qc", "grasp"), help="run one station only")
@@ -168,7 +175,8 @@ def run(args: argparse.Namespace) -> int:
     node_nice = args.node_nice if args.node_nice >= 0 or may_raise_priority() else 0
     if node_nice != args.node_nice and not args.quiet:
         print(f"note: nodes run at nice 0, not {args.node_nice} (needs root or CAP_SYS_NICE)")
-    params = ros_params(args.param)
+    pairs = args.param + (DEMO_POLICY if args.policy else [])
+    params = ros_params(pairs)
     if node_nice and not any(p.startswith("nice:=") for p in params):
         params.append(f"nice:={node_nice}")
     if args.standard_only:
@@ -179,18 +187,32 @@ def run(args: argparse.Namespace) -> int:
                        rate=args.rate, record_path=args.record,
                        cell={"seed": args.seed, "qc": "qc" in tasks, "grasp": "grasp" in tasks})
     progress = Progress(cfg.duration_s, args.quiet)
+    meter = energy_meter(pairs)
     summary, events = closed_loop(cfg, tasks, params, out / "logs", oracle=args.oracle, progress=progress,
                                   snapshot=out / "cell_overview.png", sim_nice=args.sim_nice)
     from sol_control.sim import report as rep
+    from sol_control.sim.scoring import energy_table
 
+    meter.update()  # with RAPL: the rate over the run; else the stated assumption
     meta = {"seed": args.seed, "duration_s": args.duration, "mode": cfg.mode, "rate": cfg.rate,
             "controller": "oracle" if args.oracle else "coprocessor",
-            "standard_only": bool(args.standard_only), "node_params": params, "sim_nice": args.sim_nice}
-    r = rep.build_report(summary, meta)
+            "standard_only": bool(args.standard_only), "policy_preset": bool(args.policy),
+            "node_params": params, "sim_nice": args.sim_nice}
+    r = rep.build_report(summary, meta, energy_table([e for e in events if e["type"] == "decision"], meter))
     files = rep.write(out, r, events) + [out / "cell_overview.png"]
     print("\n" + rep.table(r))
+    if r["energy"]:
+        print(f"energy: {r['energy']['energy_assumption']}")
     print("wrote " + ", ".join(str(f) for f in files))
     return 0
+
+
+def energy_meter(pairs: list[str]):
+    """Joules per decision for the report, with the nodes' `energy.watts_per_busy_core`."""
+    from sol_control.config import NodeConfig, apply_overrides
+    from sol_control.energy import EnergyMeter
+
+    return EnergyMeter(apply_overrides(NodeConfig(), pairs).energy.watts_per_busy_core)
 
 
 def _export(env: dict) -> None:

@@ -14,7 +14,8 @@ def _ms(x: float) -> str:
     return "   n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:7.2f}"
 
 
-def build_report(summary: dict, meta: dict) -> dict:
+def build_report(summary: dict, meta: dict, energy: dict | None = None) -> dict:
+    """`energy`: sim.scoring.energy_table over the run's decisions (CPU ms and joules per decision)."""
     qc, grasp = summary.get("qc", {}), summary.get("grasp", {})
     return {
         **meta,
@@ -40,6 +41,8 @@ def build_report(summary: dict, meta: dict) -> dict:
         "decision_timeouts": summary["decision_timeouts"], "ignored_decisions": summary["ignored_decisions"],
         "unmatched_verdicts": summary["unmatched_verdicts"], "realtime_lag_s": summary["realtime_lag_s"],
         "sim_time_s": summary["sim_time_s"],
+        "policy": summary.get("policy", {}),
+        "energy": energy or {},
     }
 
 
@@ -68,10 +71,34 @@ def table(r: dict) -> str:
     for task, st in sorted(r.get("stage_p50_ms", {}).items()):
         parts = [f"{k[:-3].replace('_', ' ')} {v:.1f}" for k, v in st.items()]
         rows.append((f"  {task} p50 ms by stage", ", ".join(parts)))
+    rows += _policy_rows(r.get("policy", {})) + _energy_rows(r.get("energy", {}))
     w, vw = max(len(k) for k, _ in rows), max(19, *(len(v) for _, v in rows))
     line = "+" + "-" * (w + 2) + "+" + "-" * (vw + 2) + "+"
     body = [f"| {k:<{w}} | {v:>{vw}} |" for k, v in rows]
     return "\n".join([line, *body, line])
+
+
+def _policy_rows(p: dict) -> list[tuple[str, str]]:
+    if not p.get("routed"):
+        return [("sent to full precision by policy", "      0")] if p else []
+    rules = ", ".join(f"{k.removeprefix('policy_')} {v}" for k, v in sorted(p["by_rule"].items()))
+    return [("sent to full precision by policy", f"{p['routed']} ({_pct(p['routed_share']).strip()})"),
+            ("  by rule", rules),
+            ("  of which safe defaults / fp32 overruled", f"{p['safe_defaults']} / {p['overruled']}"),
+            ("  latency p50 / p99 (ms)", f"{_ms(p['latency_p50_ms'])} / {_ms(p['latency_p99_ms'])}")]
+
+
+def _energy_rows(e: dict) -> list[tuple[str, str]]:
+    if not e.get("by_task"):
+        return []
+    rows = [(f"CPU ms / joules per decision ({e['joules_per_decision_basis']})",
+             f"{e['watts_per_busy_core']:.2f} W/core")]
+    for task, by in sorted(e["by_task"].items()):
+        for src, s in sorted(by.items()):
+            if s["cpu_ms_per_decision"] == s["cpu_ms_per_decision"]:  # not NaN (oracle, watchdog)
+                rows.append((f"  {task} {src} (n={s['decisions']})",
+                             f"{s['cpu_ms_per_decision']:.2f} ms / {1000 * s['joules_per_decision']:.1f} mJ"))
+    return rows
 
 
 def write(out_dir: Path, report: dict, events: list[dict]) -> list[Path]:

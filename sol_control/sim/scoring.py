@@ -77,6 +77,31 @@ def stage_table(decisions: list[dict]) -> dict:
     return {task: {k: _pct(v, 50) for k, v in by.items()} for task, by in out.items()}
 
 
+def policy_stats(decisions: list[dict]) -> dict:
+    """What the per-class policy did: decisions it sent to full precision (share of all, by rule),
+    how many of those became safe defaults, how often fp32 overruled the fast answer, and the
+    latency of the routed decisions."""
+    routed = [d for d in decisions if d.get("policy")]
+    lat = [d["latency_ms"] for d in routed]
+    return {"routed": len(routed), "routed_share": len(routed) / len(decisions) if decisions else float("nan"),
+            "by_rule": dict(Counter(d["policy"] for d in routed)),
+            "by_task": dict(Counter(d["task"] for d in routed)),
+            "safe_defaults": sum(d["source"] == "safe_default" for d in routed),
+            "overruled": sum(bool(d.get("policy_overruled")) for d in routed),
+            "latency_p50_ms": _pct(lat, 50), "latency_p99_ms": _pct(lat, 99)}
+
+
+def energy_table(decisions: list[dict], meter) -> dict:
+    """{task: {source: {decisions, cpu_ms_per_decision, joules_per_decision}}} and how the joules
+    were obtained (sol_control.energy: measured with RAPL, else estimated)."""
+    from sol_control.energy import labels, per_source
+
+    tasks = sorted({d["task"] for d in decisions})
+    out: dict = {t: per_source(((d["source"], d.get("cpu_ms", float("nan"))) for d in decisions if d["task"] == t),
+                               meter) for t in tasks}
+    return {"by_task": out, "watts_per_busy_core": meter.watts_per_busy_core, **labels(meter)}
+
+
 def decision_stats(decisions: list[dict]) -> dict:
     """Latency, deadline and fallback figures over the decision records the bridge logged."""
     lat = [d["latency_ms"] for d in decisions]
@@ -94,4 +119,5 @@ def decision_stats(decisions: list[dict]) -> dict:
         "sources": dict(Counter(d["source"] for d in decisions)),
         "latency_by_source": latency_table(decisions),
         "stage_p50_ms": stage_table(decisions),
+        "policy": policy_stats(decisions),
     }
