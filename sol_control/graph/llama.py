@@ -4,7 +4,7 @@ One graph per precision, built with `onnx` only (no torch, no onnxruntime-genai)
 ONNX Runtime ops: per layer one packed QKV projection, one `GroupQueryAttention` (rotary inside,
 KV cache updated in place), `SkipSimplifiedLayerNormalization` (residual add + RMS norm in one
 node), SiLU as `QuickGelu(alpha=1)`; linears are `MatMul` (fp32) or `MatMulNBits` (int4 / int8).
-For the grasp target (3 layers) that is 37 nodes against the Optimum-style export's 125.
+For the grasp target (3 layers) that is 33 nodes against the Optimum-style export's 125.
 
 Graph I/O, layout "sol_control.fused/1" (batch 1, C = max_context, static in the graph):
 
@@ -25,7 +25,7 @@ Precisions ("fp32", "int4", "int8"): the quantized ones put every linear into `M
 (block `block_size` along the input features, `accuracy_level` 4 = int8 activations):
 - int4: 4-bit blocks with zero points (asymmetric RTN, `sol_control.graph.quant`), the lm_head in
   8 bits (`head_bits`), as the shipped int4 files; an `Int4Blocks` entry of `weights.int4` is
-  written as given, float zero points included.
+  written as given, float zero points included (an lm_head given so stays 4-bit).
 - int8: 8-bit symmetric blocks, the lm_head too.
 A tied lm_head (= embed_tokens) is quantized like any other head; the embedding lookup then reads
 the same quantized table through `GatherBlockQuantized`, so no fp32 [vocab, hidden] table is left
@@ -112,9 +112,14 @@ class _Writer:
         return outputs
 
 
+def _given_int4(weights: LlamaWeights, names: list[str], opts: BuildOptions) -> bool:
+    """An int4 graph writes a linear whose Int4Blocks are given as given (4 bits, whatever head_bits)."""
+    return opts.precision == "int4" and any(n in weights.int4 for n in names)
+
+
 def _blocks(weights: LlamaWeights, name: str, bits: int, symmetric: bool, opts: BuildOptions) -> quant.Blocks:
     """MatMulNBits blocks of one HF linear: its Int4Blocks as given (int4 graphs), else quantized."""
-    if bits == 4 and name in weights.int4:
+    if opts.precision == "int4" and name in weights.int4:
         return quant.from_int4(weights.int4[name])
     return quant.quantize(weights.linear(name), bits, opts.block_size, symmetric)
 
@@ -123,6 +128,8 @@ def _linear(g: _Writer, x: str, out: str, names: list[str], weights: LlamaWeight
             bits: int | None, symmetric: bool = False) -> str:
     """y = x @ concat(W_names).T as MatMul (bits None) or MatMulNBits; several names = one packed linear."""
     key = names[0] if len(names) == 1 else names[0].replace("q_proj", "qkv_proj")
+    if _given_int4(weights, names, opts):
+        bits = 4
     if bits is None:
         w = np.concatenate([weights.linear(n) for n in names], axis=0)  # [n_out, k_in]
         return g.node("MatMul", [x, g.const(f"{key}.T", w.T)], [out])[0]
@@ -146,7 +153,7 @@ def _embedding(g: _Writer, weights: LlamaWeights, opts: BuildOptions) -> str:
     """Gather of the fp32 table, or GatherBlockQuantized of the tied quantized head's table."""
     name = "model.embed_tokens.weight"
     head_bits = opts.head_bits if opts.precision != "fp32" else None
-    if weights.config.tie_embeddings and head_bits is not None and not (head_bits == 4 and name in weights.int4):
+    if weights.config.tie_embeddings and head_bits is not None and not _given_int4(weights, [name], opts):
         b = _blocks(weights, name, head_bits, True if head_bits == 8 else opts.body_symmetric, opts)
         inputs = [g.const(f"{name}.q{head_bits}.table", b.packed.reshape(b.n, -1)), INPUT_IDS,
                   g.const(f"{name}.table_scales", b.scales)]
