@@ -170,30 +170,34 @@ def sessions(paths: dict[str, Path], max_context: int, threads: int, exact: tupl
 
 # ---- measuring -----------------------------------------------------------------------------------
 
-def time_call(sess, prefix: np.ndarray, T: int, rng, n: int = 100) -> float:
-    """Median µs of one forward of T new tokens after `prefix` is cached (T=0: the prefill itself)."""
-    times = []
+def time_call(sess, prefix: np.ndarray, T: int, rng, n: int = 50) -> tuple[float, float]:
+    """Median (wall µs, thread-CPU µs) of one forward of T new tokens after `prefix` is cached
+    (T=0: the prefill itself)."""
+    wall, cpu = [], []
     for _ in range(n):
         sess.reset()
         ids = rng.integers(4, sess.vocab - 8, T) if T else prefix
         if T:
             sess.forward(prefix)
-        t0 = time.perf_counter_ns()
+        c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
         sess.forward(ids)
-        times.append(time.perf_counter_ns() - t0)
-    return float(np.median(times)) / 1e3
+        wall.append(time.perf_counter_ns() - t0)
+        cpu.append(time.thread_time_ns() - c0)
+    return float(np.median(wall)) / 1e3, float(np.median(cpu)) / 1e3
 
 
-def per_call(sess_by_name: dict, prefix: np.ndarray, rounds: int) -> dict:
-    """{variant: {"prefill": µs, 1: µs, 5: µs, 16: µs}}: medians over rounds, variants interleaved."""
+def per_call(sess_by_name: dict, prefix: np.ndarray, rounds: int) -> tuple[dict, dict]:
+    """{variant: {"prefill": µs, 1: µs, 5: µs, 16: µs}} in wall and in thread-CPU time: medians over
+    rounds, variants interleaved."""
     rng = np.random.default_rng(0)
     samples = collections.defaultdict(list)
     for _ in range(rounds):
         for name, sess in sess_by_name.items():
             for T in (0,) + CALL_SIZES:
                 samples[(name, T)].append(time_call(sess, prefix, T, rng))
-    return {name: {("prefill" if T == 0 else T): float(np.median(samples[(name, T)])) for T in (0,) + CALL_SIZES}
-            for name in sess_by_name}
+    key = lambda T: "prefill" if T == 0 else T
+    return tuple({name: {key(T): float(np.median([s[i] for s in samples[(name, T)]])) for T in (0,) + CALL_SIZES}
+                  for name in sess_by_name} for i in (0, 1))
 
 
 def decide_fn(sess, new_tokens: int):
@@ -242,22 +246,26 @@ def lean_decide(sess, new_tokens: int):
     return decide
 
 
-def per_decision(deciders: dict, prefixes: list, rounds: int) -> dict:
-    """{variant: per-round median ms per decision}, every decision of a round run for every variant
-    in turn (A B C A B C ...)."""
+def per_decision(deciders: dict, prefixes: list, rounds: int) -> tuple[dict, dict]:
+    """({variant: per-round median wall ms per decision}, the same in CPU ms of this thread), every
+    decision of a round run for every variant in turn (A B C A B C ...). With one intra-op thread
+    ORT computes on the calling thread, so its CPU time is what the decision costs when nothing
+    preempts it: on a shared machine that is the steadier figure."""
     for d in deciders.values():  # warm up: first runs allocate
         d(prefixes[0])
-    ms = {name: [] for name in deciders}
+    wall, cpu = {name: [] for name in deciders}, {name: [] for name in deciders}
     for _ in range(rounds):
-        this = {name: [] for name in deciders}
+        w, c = {name: [] for name in deciders}, {name: [] for name in deciders}
         for prefix in prefixes:
             for name, decide in deciders.items():
-                t0 = time.perf_counter_ns()
+                c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
                 decide(prefix)
-                this[name].append((time.perf_counter_ns() - t0) / 1e6)
+                w[name].append((time.perf_counter_ns() - t0) / 1e6)
+                c[name].append((time.thread_time_ns() - c0) / 1e6)
         for name in deciders:
-            ms[name].append(float(np.median(this[name])))
-    return ms
+            wall[name].append(float(np.median(w[name])))
+            cpu[name].append(float(np.median(c[name])))
+    return wall, cpu
 
 
 def agreement(deciders: dict, prefixes: list, reference: str) -> dict:
@@ -315,8 +323,9 @@ def run_bench(bundle, rounds: int, decisions: int, threads: int, agreement_n: in
         "bundle": m.name, "threads": threads, "rounds": rounds, "decisions": len(prefixes),
         "new_tokens": new_tokens, "prefix_len": len(prefixes[0]),
         "nodes": node_counts(paths),
-        "per_call_us": per_call(sess, prefixes[0], rounds),
-        "per_decision_ms": per_decision(deciders, prefixes, rounds),
+        **dict(zip(("per_call_us", "per_call_cpu_us"), per_call(sess, prefixes[0], rounds))),
+        **dict(zip(("per_decision_ms", "per_decision_cpu_ms"), per_decision(deciders, prefixes, rounds))),
+        "load": __import__("os").getloadavg()[0],
         "row_identity": {name: row_identity(s, prefixes[:12]) for name, s in sess.items()},
         "agreement_reference_prefixes": agreement(deciders, ref_prefixes, "export fp32"),
         "agreement_test_prefixes": agreement(deciders, decision_prefixes(bundle, agreement_n, seed=1000),
@@ -327,16 +336,18 @@ def run_bench(bundle, rounds: int, decisions: int, threads: int, agreement_n: in
 def print_report(rep: dict) -> None:
     print(f"\nbundle {rep['bundle']}: {rep['threads']} thread(s), {rep['rounds']} rounds, {rep['decisions']} decisions "
           f"of prefill {rep['prefix_len']} + {rep['new_tokens'] - 1} greedy steps")
-    calls = rep["per_call_us"]
-    base = calls.get("export int4")
-    print(table(["variant", "prefill us", "T=1 us", "T=5 us", "T=16 us", "T=1 vs export int4"],
-                [[n, f"{c['prefill']:.0f}", f"{c[1]:.0f}", f"{c[5]:.0f}", f"{c[16]:.0f}",
-                  f"{base[1] / c[1]:.2f}x" if base else "-"] for n, c in calls.items()]))
-    dec = {n: float(np.median(v)) for n, v in rep["per_decision_ms"].items()}
-    print()
-    print(table(["variant", "ms/decision p50", "min-max over rounds", "vs export int4", "vs og.Generator int4"],
-                [[n, f"{ms:.2f}", f"{min(rep['per_decision_ms'][n]):.2f}-{max(rep['per_decision_ms'][n]):.2f}",
-                  _ratio(rep, "export int4", n), _ratio(rep, "og.Generator int4", n)] for n, ms in dec.items()]))
+    for title, key in (("per call, wall µs", "per_call_us"), ("per call, thread-CPU µs", "per_call_cpu_us")):
+        calls = rep[key]
+        base = calls.get("export int4")
+        print(f"\n{title} (T new tokens after the {rep['prefix_len']}-token prefix; prefill = those {rep['prefix_len']})")
+        print(table(["variant", "prefill", "T=1", "T=5", "T=16", "T=1 vs export int4"],
+                    [[n, f"{c['prefill']:.0f}", f"{c[1]:.0f}", f"{c[5]:.0f}", f"{c[16]:.0f}",
+                      f"{base[1] / c[1]:.2f}x" if base else "-"] for n, c in calls.items()]))
+    wall, cpu = rep["per_decision_ms"], rep["per_decision_cpu_ms"]
+    print(f"\nper decision (load average {rep['load']:.2f} at the end): wall ms, and CPU ms of the deciding thread")
+    print(table(["variant", "wall p50", "min-max", "CPU p50", "vs export int4 (CPU)", "vs og.Generator int4 (CPU)"],
+                [[n, f"{np.median(v):.2f}", f"{min(v):.2f}-{max(v):.2f}", f"{np.median(cpu[n]):.2f}",
+                  _ratio(cpu, "export int4", n), _ratio(cpu, "og.Generator int4", n)] for n, v in wall.items()]))
     print()
     head = ["variant", "nodes written", "after ORT opt", "rows T=k+1 == T=1", "max |diff|", "= fp32 (ref)", "= fp32 (test)"]
     rows = []
@@ -349,9 +360,8 @@ def print_report(rep: dict) -> None:
     print(table(head, rows))
 
 
-def _ratio(rep: dict, base: str, name: str) -> str:
+def _ratio(d: dict, base: str, name: str) -> str:
     """Median over rounds of base_ms / name_ms (same round): > 1 means `name` is faster."""
-    d = rep["per_decision_ms"]
     if base not in d:
         return "-"
     return f"{np.median(np.array(d[base]) / np.array(d[name])):.2f}x"

@@ -118,7 +118,7 @@ class FusedDecoderSession:
         """Append `ids` to the cache; return their logits [T, vocab] (a view, valid until the next call)."""
         T, L = len(ids), self.length
         if T:
-            lo, hi = int(ids.min()), int(ids.max())
+            lo, hi = (v := int(ids[0]), v) if T == 1 else (int(ids.min()), int(ids.max()))
             if lo < 0 or hi >= self.vocab:
                 raise ValueError(f"{self.name}: token ids must lie in [0, {self.vocab}), got [{lo}, {hi}]")
         if T == 1 and self.min_step_tokens == 2 and L > 0:
