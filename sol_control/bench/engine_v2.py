@@ -310,7 +310,8 @@ def run_bench(bundle, rounds: int, decisions: int, threads: int, agreement_n: in
     prefixes = decision_prefixes(bundle, decisions)
     new_tokens = len(m.actions) or 15
     deciders = {name: decide_fn(s, new_tokens) for name, s in sess.items()}
-    deciders["fused int4 exact, lean loop"] = lean_decide(sess["fused int4 exact"], new_tokens)
+    for name in ("fused int4", "fused int4 exact", "fused int4 b128 exact"):
+        deciders[f"{name}, lean loop"] = lean_decide(sess[name], new_tokens)
     if "genai-graph int4" in paths:
         from .peers import genai_decide
 

@@ -1,12 +1,13 @@
 """ONNX Runtime session settings for a 2-core machine, measured in isolation on one decoder.
 
-Each setting opens its own FusedDecoderSession on the same graph; decisions (prefill + greedy
-steps, cold cache) alternate between the settings decision by decision, so a noisy neighbour slows
-all of them alike. The whole set runs twice: on a quiet machine, then next to one busy process (a
+Each setting runs in a process of its own (an ORT thread pool that spins would otherwise burn a
+core under the other settings' decisions): one FusedDecoderSession on the same graph, decisions of
+prefill + greedy steps from a cold cache. Rounds alternate the settings (A B C A B C ...), so a noisy
+neighbour slows all of them alike. The whole set runs twice: on a quiet machine, then next to one busy process (a
 Python loop burning a core, started and stopped here), as a node shares the machine with the
 simulator, the DDS threads and other work.
 
-    python -m sol_control.bench.session_settings [--graph PATH] [--rounds 7] [--json out.json]
+    python -m sol_control.bench.session_settings [--graph PATH] [--rounds 9] [--json out.json]
 """
 from __future__ import annotations
 
@@ -53,29 +54,43 @@ def busy_process() -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", "while True: pass"])
 
 
-def measure(graph: Path, prefixes: list, new_tokens: int, rounds: int, busy: bool) -> dict[str, list[float]]:
-    """{setting: per-round median ms per decision}."""
+def worker(graph: Path, setting: str, decisions: int) -> dict:
+    """In a process of its own (a spinning pool would otherwise burn CPU under the other settings'
+    decisions): median wall and process-CPU ms per decision over `decisions` decisions."""
+    from ..bundle import Bundle
     from ..decoding import greedy
     from ..decoding.fused import FusedDecoderSession
+    from .decode_bench import decision_prefixes
 
-    sessions = {name: FusedDecoderSession(graph, options=options(*s), name=name) for name, s in SETTINGS.items()}
+    bundle = Bundle.load(default_bundle())
+    prefixes, new_tokens = decision_prefixes(bundle, decisions), len(bundle.manifest.actions)
+    sess = FusedDecoderSession(graph, options=options(*SETTINGS[setting]), name=setting)
+    for prefix in prefixes[:3]:  # warm-up
+        greedy(sess, prefix, new_tokens)
+    wall, cpu = [], []
+    for prefix in prefixes:
+        sess.reset()
+        c0, t0 = time.process_time_ns(), time.perf_counter_ns()
+        greedy(sess, prefix, new_tokens)
+        wall.append((time.perf_counter_ns() - t0) / 1e6)
+        cpu.append((time.process_time_ns() - c0) / 1e6)
+    return {"wall_ms": float(np.median(wall)), "cpu_ms": float(np.median(cpu))}
+
+
+def measure(graph: Path, decisions: int, rounds: int, busy: bool) -> tuple[dict, dict]:
+    """({setting: per-round median wall ms per decision}, the same in process CPU ms: all threads,
+    so a spinning worker's burnt core shows). Rounds alternate the settings A B C A B C ..."""
     proc = busy_process() if busy else None
     try:
-        time.sleep(0.2 if busy else 0.0)
-        for s in sessions.values():  # warm-up
-            greedy(s, prefixes[0], new_tokens)
-        out = {name: [] for name in sessions}
+        wall, cpu = {name: [] for name in SETTINGS}, {name: [] for name in SETTINGS}
         for _ in range(rounds):
-            this = {name: [] for name in sessions}
-            for prefix in prefixes:
-                for name, s in sessions.items():
-                    s.reset()
-                    t0 = time.perf_counter_ns()
-                    greedy(s, prefix, new_tokens)
-                    this[name].append((time.perf_counter_ns() - t0) / 1e6)
-            for name in sessions:
-                out[name].append(float(np.median(this[name])))
-        return out
+            for name in SETTINGS:
+                out = subprocess.run([sys.executable, "-m", "sol_control.bench.session_settings", "--worker", name, "--graph", str(graph),
+                                      "--decisions", str(decisions)], check=True, capture_output=True, text=True)
+                res = json.loads(out.stdout.strip().splitlines()[-1])
+                wall[name].append(res["wall_ms"])
+                cpu[name].append(res["cpu_ms"])
+        return wall, cpu
     finally:
         if proc is not None:
             proc.kill()
@@ -85,36 +100,39 @@ def measure(graph: Path, prefixes: list, new_tokens: int, rounds: int, busy: boo
 def print_report(rep: dict) -> None:
     print(f"\ngraph {rep['graph']}: {rep['rounds']} rounds x {rep['decisions']} decisions, load at start {rep['load']}")
     base = "1 thread (default)"
+    ratio = lambda d, name: f"{np.median(np.array(d[base]) / np.array(d[name])):.2f}x"
     rows = []
     for name in SETTINGS:
         q, b = rep["quiet"][name], rep["busy"][name]
-        rows.append([name, f"{np.median(q):.2f}", f"{np.median(np.array(rep['quiet'][base]) / np.array(q)):.2f}x",
-                     f"{np.median(b):.2f}", f"{np.median(np.array(rep['busy'][base]) / np.array(b)):.2f}x"])
-    print(table(["setting", "quiet ms/decision", "vs default", "1 core busy ms/decision", "vs default"], rows))
+        rows.append([name, f"{np.median(q):.2f}", ratio(rep["quiet"], name), f"{np.median(rep['quiet_cpu'][name]):.2f}",
+                     f"{np.median(b):.2f}", ratio(rep["busy"], name), f"{np.median(rep['busy_cpu'][name]):.2f}"])
+    print(table(["setting", "quiet wall ms", "vs default", "CPU ms", "1 core busy wall ms", "vs default", "CPU ms"],
+                rows))
 
 
 def main(argv: list[str] | None = None) -> int:
     import os
 
     from ..bundle import Bundle
-    from .decode_bench import decision_prefixes
     from .engine_v2 import WORK, build_graphs
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--graph", type=Path, default=None, help="a fused graph (default: the grasp fused int4)")
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--decisions", type=int, default=12)
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--decisions", type=int, default=30)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--worker", choices=list(SETTINGS), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(args.graph, args.worker, args.decisions)))
+        return 0
     bundle = Bundle.load(default_bundle())
     graph = args.graph or WORK / bundle.manifest.name / "fused_int4.onnx"
     if not graph.is_file():
         build_graphs(bundle)
-    prefixes = decision_prefixes(bundle, args.decisions)
-    new_tokens = len(bundle.manifest.actions)
-    rep = {"graph": str(graph), "rounds": args.rounds, "decisions": len(prefixes), "load": os.getloadavg()[0],
-           "quiet": measure(graph, prefixes, new_tokens, args.rounds, busy=False),
-           "busy": measure(graph, prefixes, new_tokens, args.rounds, busy=True)}
+    rep = {"graph": str(graph), "rounds": args.rounds, "decisions": args.decisions, "load": os.getloadavg()[0],
+           **dict(zip(("quiet", "quiet_cpu"), measure(graph, args.decisions, args.rounds, busy=False))),
+           **dict(zip(("busy", "busy_cpu"), measure(graph, args.decisions, args.rounds, busy=True)))}
     print_report(rep)
     if args.json:
         args.json.write_text(json.dumps(rep, indent=1))
