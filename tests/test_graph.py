@@ -104,11 +104,13 @@ def test_fused_fp32_matches_the_export_on_reference_prefixes(fused, ref):
 def test_fused_graph_layout(fused, grasp_weights):
     model = onnx.load(str(fused["int4"]))
     props = {p.key: p.value for p in model.metadata_props}
-    assert props == {"layout": LAYOUT, "precision": "int4", "max_context": "64"}
+    assert props == {"layout": LAYOUT, "precision": "int4", "max_context": "64", "query_pad": "1"}
     ops = [n.op_type for n in model.graph.node]
     L = grasp_weights.config.n_layers
     assert ops.count("GroupQueryAttention") == L and ops.count("MatMulNBits") == 5 * L + 1
-    assert "MatMul" not in ops and len(ops) <= 11 * L + 4
+    assert "MatMul" not in ops and len(ops) == 12 * L + 3
+    kv = next(i for i in model.graph.input if i.name == "past_key_values.0.key")
+    assert [d.dim_value for d in kv.type.tensor_type.shape.dim] == [1, 2, 65, 64]  # 64 positions + the pad row
     bits = {n.output[0]: next(a.i for a in n.attribute if a.name == "bits") for n in model.graph.node
             if n.op_type == "MatMulNBits"}
     assert bits.pop("logits") == 8 and set(bits.values()) == {4}  # 8-bit head, 4-bit body
@@ -207,13 +209,37 @@ def test_rewind_and_prefix_reuse_equal_a_fresh_session(fused, precision):
         sess.forward(np.ones(sess.max_context, np.int64))
 
 
-def test_speculative_equals_plain_greedy_in_exact_mode(grasp, fused):
-    """Single-token passes take another kernel path than multi-token ones (see docs/BENCHMARKS.md,
-    "Engine v2"); exact mode (min_step_tokens=2) makes verification and plain decoding agree."""
+def one_token_rows_equal_verify_rows(sess, prefixes, k: int = 4) -> bool:
+    """Decode k tokens one at a time, then the same tokens as one pass: are the logits bit-identical?"""
+    for prefix in prefixes:
+        sess.reset()
+        toks, singles = [int(sess.prefill(prefix).argmax())], []
+        for _ in range(k):
+            singles.append(sess.forward(np.array(toks[-1:], np.int64))[0].copy())
+            toks.append(int(singles[-1].argmax()))
+        sess.rewind(len(prefix))
+        if not np.array_equal(sess.forward(np.array(toks, np.int64))[:k], np.stack(singles)):
+            return False
+    return True
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int4", "int8"])
+def test_one_token_passes_equal_verify_passes_bit_for_bit(grasp, fused, precision):
+    """The query pad keeps attention off ONNX Runtime's one-row kernel (llama.py docstring)."""
     from sol_control.bench.decode_bench import decision_prefixes
 
+    assert one_token_rows_equal_verify_rows(FusedDecoderSession(fused[precision]), decision_prefixes(grasp, 6))
+
+
+@pytest.mark.parametrize("query_pad,min_step_tokens", [(True, 1), (False, 2)])
+def test_speculative_equals_plain_greedy_bit_for_bit(grasp, grasp_weights, fused, tmp_path, query_pad, min_step_tokens):
+    """With the query pad, or without it in exact mode (every pass >= 2 rows), speculative decoding
+    emits plain greedy's tokens from the very same logits."""
+    from sol_control.bench.decode_bench import decision_prefixes
+
+    path = fused["int4"] if query_pad else build_decoder(grasp_weights, tmp_path / "int4.onnx", "int4", query_pad=False)
     draft = DecoderSession(grasp.verify(grasp.manifest.draft.files["fp32"]), grasp.manifest.max_context)
-    target = FusedDecoderSession(fused["int4"], min_step_tokens=2)
+    target = FusedDecoderSession(path, min_step_tokens=min_step_tokens)
     for prefix in decision_prefixes(grasp, 8):
         for k in (None, 1, 4):
             draft.reset()

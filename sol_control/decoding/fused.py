@@ -1,14 +1,19 @@
 """A decoder in the "fused" graph layout (sol_control.graph.llama) with its KV cache, allocated once.
 
-    input_ids [1, T] int64, seqlens_k [1] int32 (= L + T - 1), total_sequence_length [] int32 (= L + T),
-    past_key_values.{i}.key|value [1, H, C, D]  ->  logits [1, T, V], present.{i}.key|value [1, H, C, D]
+    input_ids [1, T] int64, seqlens_k [1] int32 (= L + T - 1 + p), total_sequence_length [] int32
+    (= L + T + p), past_key_values.{i}.key|value [1, H, C, D]  ->  logits [1, T, V],
+    present.{i}.key|value [1, H, C, D]          (p = the graph's `query_pad` metadata, C = max_context + p)
 
 Past and present of each layer are bound to one preallocated buffer of C positions
-(GroupQueryAttention's past_present_share_buffer): a call writes its T new rows at [L, L+T) in
-place and reads rows [0, L+T). So the cache is never copied: `rewind(n)` only moves the length,
-and the next call overwrites the dropped rows. Every binding is made once, at construction; a call
-writes ids and two lengths into preallocated arrays and rebinds `input_ids` / `logits` only when
-T changes.
+(GroupQueryAttention's past_present_share_buffer): a call writes its new rows from L on in place and
+reads rows [0, L+T). So the cache is never copied: `rewind(n)` only moves the length, and the next
+call overwrites the dropped rows. Every binding is made once, at construction; a call writes ids
+and two lengths into preallocated arrays and rebinds `input_ids` / `logits` only when T changes.
+
+With the query pad (the builder's default) a one-token pass gives bit for bit the logits the same
+token gets inside a multi-token verify pass, so speculative decoding equals plain greedy without
+exact mode; `min_step_tokens=2` (re-run the previous token with a lone new one) is still there for
+graphs built without it.
 
 Same public interface as `DecoderSession` (forward, prefill, rewind, reset, length, tokens, ...),
 so `greedy` and `speculate` run on either.
@@ -71,6 +76,11 @@ class FusedDecoderSession:
             raise ValueError(f"decoder {path}: ONNX Runtime cannot load it: {e}") from None
         where = f"decoder {self.path}"
         self.n_layers, self.n_heads, self.head_dim, self.vocab, capacity = check_fused_signature(self.session, where)
+        meta = self.session.get_modelmeta().custom_metadata_map
+        self._pad = int(meta.get("query_pad", "0"))  # 1: attention runs one extra query row (cache row L+T)
+        if self._pad not in (0, 1):
+            raise ValueError(f"{where}: metadata query_pad must be 0 or 1, got {meta['query_pad']!r}")
+        capacity -= self._pad
         if max_context is not None and not 0 < max_context <= capacity:
             raise ValueError(f"max_context must be in 1..{capacity} (the graph's KV length), got {max_context}")
         self.max_context = max_context or capacity
@@ -79,7 +89,7 @@ class FusedDecoderSession:
             raise ValueError(f"min_step_tokens must be 1 or 2, got {min_step_tokens}")
         self.min_step_tokens = min_step_tokens  # 2: a lone new token is run with the previous one
         H, D, n_kv = self.n_heads, self.head_dim, 2 * self.n_layers
-        self._kv = np.zeros((n_kv, H * capacity * D), np.float32)  # [tensor, H*C*D], past = present
+        self._kv = np.zeros((n_kv, H * (capacity + self._pad) * D), np.float32)  # [tensor, H*C*D], past = present
         self._logits = np.zeros(self.max_step_tokens * self.vocab, np.float32)
         self._ids = np.zeros(self.max_step_tokens, np.int64)
         self._pair = np.zeros(2, np.int64)
@@ -90,7 +100,7 @@ class FusedDecoderSession:
         self.calls = 0
         self._io = self.session.io_binding()
         self._bind_in, self._bind_out, self._run_bound = _fast_binding(self.session, self._io)
-        self._bind_static(capacity)
+        self._bind_static(capacity + self._pad)
         self._bound_T = 0  # T that input_ids / logits are bound for
 
     def _bind_static(self, capacity: int) -> None:
@@ -140,8 +150,8 @@ class FusedDecoderSession:
             self._bind_out("logits", _F32, (1, T, self.vocab), int(self._logits.ctypes.data))
             self._bound_T = T
         self._ids[:T] = ids
-        self._seqlens[0] = L + T - 1
-        self._total[()] = L + T
+        self._seqlens[0] = L + T - 1 + self._pad
+        self._total[()] = L + T + self._pad
         self._run_bound()
         self.calls += 1
         self.tokens[L:L + T] = ids

@@ -4,22 +4,35 @@ One graph per precision, built with `onnx` only (no torch, no onnxruntime-genai)
 ONNX Runtime ops: per layer one packed QKV projection, one `GroupQueryAttention` (rotary inside,
 KV cache updated in place), `SkipSimplifiedLayerNormalization` (residual add + RMS norm in one
 node), SiLU as `QuickGelu(alpha=1)`; linears are `MatMul` (fp32) or `MatMulNBits` (int4 / int8).
-For the grasp target (3 layers) that is 33 nodes against the Optimum-style export's 125.
+For the grasp target (3 layers) that is 39 nodes (33 without the query pad below) against the
+Optimum-style export's 125.
 
-Graph I/O, layout "sol_control.fused/1" (batch 1, C = max_context, static in the graph):
+Graph I/O, layout "sol_control.fused/1" (batch 1; model metadata: layout, precision, max_context M,
+query_pad p in {0, 1}; C = M + p, static in the graph):
 
     input_ids              [1, T]        int64
-    seqlens_k              [1]           int32   L + T - 1 (L = cached positions before the call)
-    total_sequence_length  []            int32   L + T
+    seqlens_k              [1]           int32   L + T - 1 + p (L = cached positions before the call)
+    total_sequence_length  []            int32   L + T + p
     past_key_values.{i}.key|value  [1, kv_heads, C, head_dim] float32
       -> logits            [1, T, vocab] float32
          present.{i}.key|value  [1, kv_heads, C, head_dim]  (bind the SAME buffer as the past)
          (optional) argmax [1, T] int64   ArgMax of logits over the vocabulary
 
 `GroupQueryAttention` with the past and present bound to one buffer (past_present_share_buffer)
-writes the T new keys/values at rows [L, L+T) and attends over rows [0, L+T): a call never copies
-the cache, and dropping the last n positions (a rejected draft) only means passing a smaller L next
-time. Rotary positions are L..L+T-1, taken from seqlens_k; the cos/sin tables hold C positions.
+writes the new keys/values at rows [L, L+T+p) and attends causally over rows [0, L+T+p): a call
+never copies the cache, and dropping the last n positions (a rejected draft) only means passing a
+smaller L next time. Rotary positions are L.., taken from seqlens_k; the cos/sin tables hold C rows.
+
+Query pad (p = 1, the default): attention gets one extra all-zero query row after the T real ones;
+its key/value land in cache row L+T (overwritten by the next call, never attended by a real row)
+and its output is sliced off before o_proj. Why: with a single query row ONNX Runtime computes the
+attention's probs x V product through MLAS's one-row SGEMM kernel (taken when M == 1 and alpha ==
+1), whose summation order differs from the multi-row kernel; so a token's logits in a one-token
+pass differ in the last bits from the same token's row in a multi-token verify pass, and
+speculative decoding could part from plain greedy. Every other op here (MatMulNBits at accuracy
+level 4, MatMul on constant weights, the norms) is row-independent. With the pad, attention never
+runs one row, and T=1 rows equal T=k+1 rows bit for bit, for 2 extra nodes a layer (~5 µs a call
+on the grasp target) instead of re-running the previous token (~25 µs a step).
 
 Precisions ("fp32", "int4", "int8"): the quantized ones put every linear into `MatMulNBits`
 (block `block_size` along the input features, `accuracy_level` 4 = int8 activations):
@@ -67,6 +80,7 @@ class BuildOptions:
     symmetric: bool | None = None  # body blocks without zero points (default: int8 yes, int4 no)
     max_context: int | None = None  # KV buffer length C (default: the config's max_context)
     argmax: bool = False  # add an `argmax` [1, T] output
+    query_pad: bool = True  # attention sees one extra zero query row (see the module docstring)
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -176,11 +190,16 @@ def _layer(g: _Writer, weights: LlamaWeights, opts: BuildOptions, i: int, x: str
         h, _, _, resid = g.node("SkipSimplifiedLayerNormalization", [residual, x, ln1],
                                 [f"{p}.ln1", "", "", f"{p}.resid1"], MS_DOMAIN, epsilon=c.rms_norm_eps)
     qkv = _linear(g, h, f"{p}.qkv", [f"{p}.self_attn.{n}_proj.weight" for n in "qkv"], weights, opts, bits, sym)
+    pad = "padded_" if opts.query_pad else ""
+    if opts.query_pad:  # [1, T, n] -> [1, T+1, n]: a zero row, written at cache row L+T, overwritten next call
+        qkv = g.node("Concat", [qkv, "pad_row"], [f"{p}.qkv_padded"], axis=1)[0]
     attn = g.node("GroupQueryAttention",
                   [qkv, "", "", past_name(i, "key"), past_name(i, "value"), SEQLENS_K, TOTAL_LEN, "cos_cache", "sin_cache"],
-                  [f"{p}.attn", present_name(i, "key"), present_name(i, "value")], MS_DOMAIN,
+                  [f"{p}.{pad}attn", present_name(i, "key"), present_name(i, "value")], MS_DOMAIN,
                   num_heads=c.n_heads, kv_num_heads=c.n_kv_heads, scale=float(c.head_dim ** -0.5),
                   do_rotary=1, rotary_interleaved=0, local_window_size=-1)[0]
+    if opts.query_pad:  # drop the pad row's output before o_proj, which then runs on T rows
+        attn = g.node("Slice", [attn, "slice_0", "slice_minus_1", "slice_1"], [f"{p}.attn"])[0]
     o = _linear(g, attn, f"{p}.o", [f"{p}.self_attn.o_proj.weight"], weights, opts, bits, sym)
     ln2 = g.const(f"{p}.post_attention_layernorm.weight", weights.tensors[f"{p}.post_attention_layernorm.weight"])
     h2, _, _, resid2 = g.node("SkipSimplifiedLayerNormalization", [resid, o, ln2],
@@ -216,11 +235,16 @@ def build_graph(weights: LlamaWeights, opts: BuildOptions):
 
     weights.validate()
     c = weights.config
-    C = opts.max_context or c.max_context
+    pad = int(opts.query_pad)
+    C = (opts.max_context or c.max_context) + pad  # KV rows: the pad row needs one past the last position
     g = _Writer()
     cos, sin = rotary_tables(c.head_dim, c.rope_theta, C)
     g.const("cos_cache", cos)
     g.const("sin_cache", sin)
+    if pad:
+        g.const("pad_row", np.zeros((1, 1, (c.n_heads + 2 * c.n_kv_heads) * c.head_dim), np.float32))
+        for name, value in (("slice_0", 0), ("slice_minus_1", -1), ("slice_1", 1)):
+            g.const(name, np.array([value], np.int64))
     x, residual = _embedding(g, weights, opts), None
     for i in range(c.n_layers):
         x, residual = _layer(g, weights, opts, i, x, residual)
@@ -236,7 +260,8 @@ def build_graph(weights: LlamaWeights, opts: BuildOptions):
     graph = helper.make_graph(g.nodes, "decoder", inputs, outputs, initializer=g.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)],
                               producer_name="sol_control.graph.llama", ir_version=IR_VERSION)
-    helper.set_model_props(model, {"layout": LAYOUT, "precision": opts.precision, "max_context": str(C)})
+    helper.set_model_props(model, {"layout": LAYOUT, "precision": opts.precision, "max_context": str(C - pad),
+                                   "query_pad": str(pad)})
     return model
 
 
