@@ -231,6 +231,18 @@ def test_one_token_passes_equal_verify_passes_bit_for_bit(grasp, fused, precisio
     assert one_token_rows_equal_verify_rows(FusedDecoderSession(fused[precision]), decision_prefixes(grasp, 6))
 
 
+def test_the_session_finds_out_whether_its_rows_are_exact(grasp_weights, fused, tmp_path):
+    """The probe agrees with the full check: true with the query pad (blocks of 32), false without
+    it, and false with 4-bit blocks of 128, whose one-row MatMulNBits kernel differs too."""
+    for precision in ("fp32", "int4", "int8"):
+        assert FusedDecoderSession(fused[precision]).exact_rows()
+    no_pad = build_decoder(grasp_weights, tmp_path / "nopad.onnx", "int4", query_pad=False)
+    b128 = build_decoder(grasp_weights, tmp_path / "b128.onnx", "int4", block_size=128)
+    for path in (no_pad, b128):
+        sess = FusedDecoderSession(path)
+        assert not sess.exact_rows() and sess.length == 0
+
+
 @pytest.mark.parametrize("query_pad,min_step_tokens", [(True, 1), (False, 2)])
 def test_speculative_equals_plain_greedy_bit_for_bit(grasp, grasp_weights, fused, tmp_path, query_pad, min_step_tokens):
     """With the query pad, or without it in exact mode (every pass >= 2 rows), speculative decoding

@@ -3,8 +3,11 @@ ONNX Runtime GenAI on the same weights, per runtime call and per decision, in al
 
 Variants (all from the bundle's fp32 target weights, one ORT thread unless --threads):
     export fp32 / int4 / int8      DecoderSession on the shipped Optimum-layout files
-    fused fp32 / int4 / int8       FusedDecoderSession on graphs built here by build_decoder
-    ... exact                      the same with min_step_tokens=2 (every pass >= 2 rows)
+    fused fp32 / int4 / int8       FusedDecoderSession on graphs built here by build_decoder (query pad
+                                   on: one-token rows equal verify rows), int4 also with blocks of 128
+    fused int4 no pad              the same graph without the query pad
+    ... exact                      min_step_tokens=2 (every pass >= 2 rows: exact mode)
+    ..., lean loop                 greedy without per-token probabilities/stats (the loop's own cost)
     genai-graph int4 / fp32        ORT GenAI's builder graph run by plain onnxruntime (shared KV
                                    buffer, attention_mask), through `GenAIGraphSession` below
     og.Generator int4              ORT GenAI's own loop (`sol_control.bench.peers.genai_decide`)
@@ -109,6 +112,7 @@ def build_graphs(bundle, work: Path = WORK) -> dict[str, Path]:
     for p in ("fp32", "int4", "int8"):
         paths[f"fused {p}"] = build_decoder(weights, out / f"fused_{p}.onnx", p)
     paths["fused int4 b128"] = build_decoder(weights, out / "fused_int4_b128.onnx", "int4", block_size=128)
+    paths["fused int4 no pad"] = build_decoder(weights, out / "fused_int4_nopad.onnx", "int4", query_pad=False)
     paths.update(genai_graphs(bundle, out))
     return paths
 
@@ -298,7 +302,7 @@ def row_identity(sess, prefixes: list, k: int = 4) -> dict:
 
 # ---- the run -------------------------------------------------------------------------------------
 
-EXACT = ("export int4", "export int8", "fused fp32", "fused int4", "fused int4 b128", "fused int8", "genai-graph int4")
+EXACT = ("export fp32", "export int4", "export int8", "fused int4 no pad", "genai-graph int4")
 
 
 def run_bench(bundle, rounds: int, decisions: int, threads: int, agreement_n: int = 200) -> dict:
@@ -310,7 +314,7 @@ def run_bench(bundle, rounds: int, decisions: int, threads: int, agreement_n: in
     prefixes = decision_prefixes(bundle, decisions)
     new_tokens = len(m.actions) or 15
     deciders = {name: decide_fn(s, new_tokens) for name, s in sess.items()}
-    for name in ("fused int4", "fused int4 exact", "fused int4 b128 exact"):
+    for name in ("fused int4", "fused int4 b128"):
         deciders[f"{name}, lean loop"] = lean_decide(sess[name], new_tokens)
     if "genai-graph int4" in paths:
         from .peers import genai_decide

@@ -18,6 +18,7 @@ from .common import default_bundle, table
 # name -> build_decoder(precision, **options)
 OPTIONS = {
     "int4 b32 zero points, head 8 (default)": ("int4", {}),
+    "int4 default without the query pad": ("int4", {"query_pad": False}),
     "int4 b32 symmetric, head 8": ("int4", {"symmetric": True}),
     "int4 b64 zero points, head 8": ("int4", {"block_size": 64}),
     "int4 b128 zero points, head 8": ("int4", {"block_size": 128}),

@@ -173,6 +173,26 @@ class FusedDecoderSession:
             logits = self.forward(prefix[self.length:stop])
         return logits[-1]
 
+    def exact_rows(self, probes: int = 3) -> bool:
+        """Does a one-token pass give bit for bit the logits the same token gets inside a
+        multi-token pass, on this machine? (Which kernels ONNX Runtime picks depends on the graph
+        and the CPU.) If not, run the session with min_step_tokens=2. A few calls; resets the cache."""
+        rng = np.random.default_rng(0)
+        try:
+            for _ in range(probes):
+                ids = rng.integers(0, self.vocab, min(6, self.max_context))
+                n = len(ids) // 2
+                self.reset()
+                self._run(ids[:n])
+                singles = [self._run(ids[i:i + 1])[0].copy() for i in range(n, len(ids))]
+                self.reset()
+                self._run(ids[:n])
+                if not np.array_equal(self._run(ids[n:]), np.stack(singles)):
+                    return False
+            return True
+        finally:
+            self.reset()
+
     def __repr__(self) -> str:
         return (f"FusedDecoderSession({self.name}: {self.n_layers} layers, {self.n_heads}x{self.head_dim} kv, "
                 f"vocab {self.vocab}, context {self.length}/{self.max_context})")

@@ -29,10 +29,12 @@ and its output is sliced off before o_proj. Why: with a single query row ONNX Ru
 attention's probs x V product through MLAS's one-row SGEMM kernel (taken when M == 1 and alpha ==
 1), whose summation order differs from the multi-row kernel; so a token's logits in a one-token
 pass differ in the last bits from the same token's row in a multi-token verify pass, and
-speculative decoding could part from plain greedy. Every other op here (MatMulNBits at accuracy
-level 4, MatMul on constant weights, the norms) is row-independent. With the pad, attention never
-runs one row, and T=1 rows equal T=k+1 rows bit for bit, for 2 extra nodes a layer (~5 µs a call
-on the grasp target) instead of re-running the previous token (~25 µs a step).
+speculative decoding could part from plain greedy. The other ops here are row-independent (MatMul
+on constant weights, the norms, MatMulNBits at accuracy level 4 with 4-bit blocks of <= 32 or
+8-bit blocks of <= 64; larger blocks have their own one-row kernel too). With the pad, attention
+never runs one row, and T=1 rows equal T=k+1 rows bit for bit, for 2 extra nodes a layer (~5 µs a
+call on the grasp target) instead of re-running the previous token (~25 µs a step). Kernel choice
+is ONNX Runtime's and the CPU's: `FusedDecoderSession.exact_rows()` checks it where it runs.
 
 Precisions ("fp32", "int4", "int8"): the quantized ones put every linear into `MatMulNBits`
 (block `block_size` along the input features, `accuracy_level` 4 = int8 activations):
