@@ -302,7 +302,7 @@ def row_identity(sess, prefixes: list, k: int = 4) -> dict:
 
 # ---- the run -------------------------------------------------------------------------------------
 
-EXACT = ("export fp32", "export int4", "export int8", "fused int4 no pad", "genai-graph int4")
+EXACT = ("export fp32", "export int4", "export int8", "fused int4 b128", "fused int4 no pad", "genai-graph int4")
 
 
 def run_bench(bundle, rounds: int, decisions: int, threads: int, agreement_n: int = 200) -> dict:
@@ -314,7 +314,7 @@ def run_bench(bundle, rounds: int, decisions: int, threads: int, agreement_n: in
     prefixes = decision_prefixes(bundle, decisions)
     new_tokens = len(m.actions) or 15
     deciders = {name: decide_fn(s, new_tokens) for name, s in sess.items()}
-    for name in ("fused int4", "fused int4 b128"):
+    for name in ("fused int4", "fused int4 b128 exact"):
         deciders[f"{name}, lean loop"] = lean_decide(sess[name], new_tokens)
     if "genai-graph int4" in paths:
         from .peers import genai_decide
