@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from .session import _fast_binding, session_options
+from .session import DecoderSession, _fast_binding, session_options
 
 _I64, _I32, _F32 = np.dtype(np.int64), np.dtype(np.int32), np.dtype(np.float32)
 LAYOUT = "sol_control.fused/1"
@@ -93,8 +93,8 @@ class FusedDecoderSession:
         self._logits = np.zeros(self.max_step_tokens * self.vocab, np.float32)
         self._ids = np.zeros(self.max_step_tokens, np.int64)
         self._pair = np.zeros(2, np.int64)
-        self._seqlens = np.zeros(1, np.int32)  # L + T - 1
-        self._total = np.zeros((), np.int32)  # L + T
+        self._seqlens = np.zeros(1, np.int32)  # L + T - 1 + pad
+        self._total = np.zeros((), np.int32)  # L + T + pad
         self.tokens = np.zeros(self.max_context, np.int64)  # the ids whose keys/values are in the cache
         self.length = 0
         self.calls = 0
@@ -124,18 +124,9 @@ class FusedDecoderSession:
         self.length = n_keep
 
     # -- forward ----------------------------------------------------------------------------
-    def forward(self, ids: np.ndarray) -> np.ndarray:
-        """Append `ids` to the cache; return their logits [T, vocab] (a view, valid until the next call)."""
-        T, L = len(ids), self.length
-        if T:
-            lo, hi = (v := int(ids[0]), v) if T == 1 else (int(ids.min()), int(ids.max()))
-            if lo < 0 or hi >= self.vocab:
-                raise ValueError(f"{self.name}: token ids must lie in [0, {self.vocab}), got [{lo}, {hi}]")
-        if T == 1 and self.min_step_tokens == 2 and L > 0:
-            self._pair[:] = self.tokens[L - 1], ids[0]
-            self.rewind(L - 1)
-            return self._run(self._pair)[1:]
-        return self._run(ids)
+    # DecoderSession's own: the same cache semantics (exact-mode pairs, prefix reuse) over `_run`.
+    forward = DecoderSession.forward
+    prefill = DecoderSession.prefill
 
     def _run(self, ids: np.ndarray) -> np.ndarray:
         T, L = len(ids), self.length
@@ -157,21 +148,6 @@ class FusedDecoderSession:
         self.tokens[L:L + T] = ids
         self.length = L + T
         return self._logits[: T * self.vocab].reshape(T, self.vocab)  # [T, vocab]
-
-    def prefill(self, prefix: np.ndarray) -> np.ndarray:
-        """Make the cache hold `prefix`, reusing its longest cached leading part; return the last
-        position's logits [vocab]. Long prefixes run in chunks of `max_step_tokens`."""
-        n = len(prefix)
-        if n == 0:
-            raise ValueError(f"{self.name}: empty prefix")
-        m = min(self.length, n)
-        same = int(np.argmin(np.append(self.tokens[:m] == prefix[:m], False)))
-        self.rewind(min(same, n - 1))  # the last prefix token is always recomputed for its logits
-        logits = None
-        while self.length < n:
-            stop = min(n, self.length + self.max_step_tokens)
-            logits = self.forward(prefix[self.length:stop])
-        return logits[-1]
 
     def exact_rows(self, probes: int = 3) -> bool:
         """Does a one-token pass give bit for bit the logits the same token gets inside a
