@@ -77,7 +77,6 @@ class BuildOptions:
     precision: str = "fp32"
     block_size: int = 32
     accuracy_level: int = 4  # MatMulNBits: 4 = int8 activations (fastest on CPU), 0 = fp32
-    bits: int | None = None  # body linears: 4 for int4, 8 for int8
     head_bits: int | None = 8  # lm_head in int4/int8 graphs: 4, 8, or None = fp32
     symmetric: bool | None = None  # body blocks without zero points (default: int8 yes, int4 no)
     max_context: int | None = None  # KV buffer length C (default: the config's max_context)
@@ -91,8 +90,6 @@ class BuildOptions:
             raise ValueError(f"block_size must be a power of two >= 16, got {self.block_size}")
         if self.accuracy_level not in (0, 1, 2, 3, 4):
             raise ValueError(f"accuracy_level must be 0..4, got {self.accuracy_level}")
-        if self.bits not in (None, 4, 8):
-            raise ValueError(f"bits must be 4, 8 or None, got {self.bits}")
         if self.head_bits not in (None, 4, 8):
             raise ValueError(f"head_bits must be 4, 8 or None (fp32), got {self.head_bits}")
         if self.max_context is not None and self.max_context <= 0:
@@ -100,9 +97,8 @@ class BuildOptions:
 
     @property
     def body_bits(self) -> int | None:
-        if self.precision == "fp32":
-            return None
-        return self.bits or (4 if self.precision == "int4" else 8)
+        """Bits of every linear but the lm_head: None (fp32 MatMul), 4 or 8."""
+        return {"fp32": None, "int4": 4, "int8": 8}[self.precision]
 
     @property
     def body_symmetric(self) -> bool:
