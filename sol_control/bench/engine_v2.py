@@ -26,7 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import REPO, default_bundle, pct, table
+from ..decoding.session import DecoderSession, _fast_binding, session_options
+from .common import REPO, default_bundle, table
 
 WORK = REPO / ".work" / "engine_v2"
 CALL_SIZES = (1, 5, 16)  # tokens per call after an 18-token prefix; plus "prefill" (18 from empty)
@@ -40,8 +41,6 @@ class GenAIGraphSession:
     def __init__(self, path: Path, max_context: int, threads: int = 1, min_step_tokens: int = 1, name: str = ""):
         import onnxruntime as ort
 
-        from ..decoding.session import _fast_binding, session_options
-
         self.name, self.path, self.max_context = name or path.stem, path, max_context
         self.session = ort.InferenceSession(str(path), session_options(threads), providers=["CPUExecutionProvider"])
         inputs = {i.name: i for i in self.session.get_inputs()}
@@ -54,8 +53,8 @@ class GenAIGraphSession:
         self._ids = np.zeros(max_context, np.int64)
         self._logits = np.zeros(max_context * self.vocab, np.float32)
         self.tokens, self.length, self.calls, self._pair = np.zeros(max_context, np.int64), 0, 0, np.zeros(2, np.int64)
-        io = self.session.io_binding()
-        self._bind_in, self._bind_out, self._run_bound = _fast_binding(self.session, io)
+        self._io = self.session.io_binding()
+        self._bind_in, self._bind_out, self._run_bound = _fast_binding(self.session, self._io)
         f32 = np.dtype(np.float32)
         for j in range(2 * self.n_layers):
             name, ptr = f"{j // 2}.{('key', 'value')[j % 2]}", int(self._kv[j].ctypes.data)
@@ -73,13 +72,8 @@ class GenAIGraphSession:
     def rewind(self, n_keep: int) -> None:
         self.length = n_keep
 
-    def forward(self, ids: np.ndarray) -> np.ndarray:
-        L = self.length
-        if len(ids) == 1 and self.min_step_tokens == 2 and L > 0:
-            self._pair[:] = self.tokens[L - 1], ids[0]
-            self.length = L - 1
-            return self._run(self._pair)[1:]
-        return self._run(ids)
+    forward = DecoderSession.forward  # exact-mode pairs and prefix reuse over `_run`, as ours
+    prefill = DecoderSession.prefill
 
     def _run(self, ids: np.ndarray) -> np.ndarray:
         T, L, V = len(ids), self.length, self.vocab
@@ -92,10 +86,6 @@ class GenAIGraphSession:
         self.tokens[L:L + T] = ids
         self.length = L + T
         return self._logits[: T * V].reshape(T, V)
-
-    def prefill(self, prefix: np.ndarray) -> np.ndarray:
-        self.length = 0
-        return self.forward(prefix)[-1]
 
 
 # ---- building every graph ------------------------------------------------------------------------
