@@ -126,7 +126,6 @@ def node_counts(paths: dict[str, Path]) -> dict[str, dict]:
     import onnx
     import onnxruntime as ort
 
-    from ..decoding.session import session_options
 
     counts = {}
     for name, path in paths.items():
