@@ -126,7 +126,6 @@ def node_counts(paths: dict[str, Path]) -> dict[str, dict]:
     import onnx
     import onnxruntime as ort
 
-
     counts = {}
     for name, path in paths.items():
         written = onnx.load(str(path), load_external_data=False).graph.node
