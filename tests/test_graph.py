@@ -101,6 +101,20 @@ def test_fused_fp32_matches_the_export_on_reference_prefixes(fused, ref):
         np.testing.assert_allclose(np.stack(steps), want[p - 1:-1], rtol=FP32_RTOL, atol=FP32_ATOL)
 
 
+@pytest.mark.parametrize("task,role", [("qc", "target"), ("qc", "draft"), ("grasp", "draft")])
+def test_every_shipped_decoder_rebuilds(task, role, tmp_path):
+    """The other shipped fp32 decoders (1 and 2 KV heads, hidden 128 and 256) read back and rebuilt:
+    one pass over each stored reference sequence within the fp32 parity tolerance."""
+    bundle = Bundle.load(MODELS / task)
+    with bundle.load_array("reference.npz") as z:
+        ids_all, want_all = z["ids"], z[f"{role}_logits"]
+    weights = read_decoder(bundle.verify(getattr(bundle.manifest, role).files["fp32"]), bundle.manifest.max_context)
+    sess = FusedDecoderSession(build_decoder(weights, tmp_path / "fp32.onnx", "fp32"))
+    for ids, want in zip(ids_all, want_all):
+        sess.reset()
+        np.testing.assert_allclose(sess.forward(ids), want, rtol=FP32_RTOL, atol=FP32_ATOL)
+
+
 def test_fused_graph_layout(fused, grasp_weights):
     model = onnx.load(str(fused["int4"]))
     props = {p.key: p.value for p in model.metadata_props}
