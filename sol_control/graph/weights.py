@@ -88,3 +88,42 @@ class LlamaWeights:
     @property
     def lm_head_name(self) -> str:
         return "model.embed_tokens.weight" if self.config.tie_embeddings else "lm_head.weight"
+
+    def expected_shapes(self) -> dict[str, tuple[int, ...]]:
+        """HF name -> shape for every tensor this configuration needs (see the module docstring)."""
+        c = self.config
+        q, kv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+        shapes = {"model.embed_tokens.weight": (c.vocab_size, c.hidden_size), "model.norm.weight": (c.hidden_size,)}
+        if not c.tie_embeddings:
+            shapes["lm_head.weight"] = (c.vocab_size, c.hidden_size)
+        for i in range(c.n_layers):
+            p = f"model.layers.{i}"
+            shapes.update({
+                f"{p}.input_layernorm.weight": (c.hidden_size,),
+                f"{p}.self_attn.q_proj.weight": (q, c.hidden_size),
+                f"{p}.self_attn.k_proj.weight": (kv, c.hidden_size),
+                f"{p}.self_attn.v_proj.weight": (kv, c.hidden_size),
+                f"{p}.self_attn.o_proj.weight": (c.hidden_size, q),
+                f"{p}.post_attention_layernorm.weight": (c.hidden_size,),
+                f"{p}.mlp.gate_proj.weight": (c.intermediate_size, c.hidden_size),
+                f"{p}.mlp.up_proj.weight": (c.intermediate_size, c.hidden_size),
+                f"{p}.mlp.down_proj.weight": (c.hidden_size, c.intermediate_size),
+            })
+        return shapes
+
+    def validate(self) -> None:
+        """ValueError naming the tensor when one is missing, extra, or of the wrong shape."""
+        want = self.expected_shapes()
+        held = set(self.tensors) | set(self.int4)
+        for name in sorted(held - set(want)):
+            raise ValueError(f"LlamaWeights: unexpected tensor {name!r}")
+        for name, shape in want.items():
+            if name not in held:
+                raise ValueError(f"LlamaWeights: missing tensor {name!r} (shape {shape})")
+            if name in self.int4:
+                b = self.int4[name]
+                got = (b.packed.shape[0], b.packed.shape[1] * b.block_size)
+            else:
+                got = tuple(self.tensors[name].shape)
+            if got != shape:
+                raise ValueError(f"LlamaWeights: {name} has shape {got}, expected {shape}")

@@ -1,0 +1,174 @@
+"""A decoder in the "fused" graph layout (sol_control.graph.llama) with its KV cache, allocated once.
+
+    input_ids [1, T] int64, seqlens_k [1] int32 (= L + T - 1 + p), total_sequence_length [] int32
+    (= L + T + p), past_key_values.{i}.key|value [1, H, C, D]  ->  logits [1, T, V],
+    present.{i}.key|value [1, H, C, D]          (p = the graph's `query_pad` metadata, C = max_context + p)
+
+Past and present of each layer are bound to one preallocated buffer of C positions
+(GroupQueryAttention's past_present_share_buffer): a call writes its new rows from L on in place and
+reads rows [0, L+T). So the cache is never copied: `rewind(n)` only moves the length, and the next
+call overwrites the dropped rows. Every binding is made once, at construction; a call writes ids
+and two lengths into preallocated arrays and rebinds `input_ids` / `logits` only when T changes.
+
+With the query pad (the builder's default) a one-token pass gives bit for bit the logits the same
+token gets inside a multi-token verify pass, so speculative decoding equals plain greedy without
+exact mode; `min_step_tokens=2` (re-run the previous token with a lone new one) is still there for
+graphs built without it.
+
+Same public interface as `DecoderSession` (forward, prefill, rewind, reset, length, tokens, ...),
+so `greedy` and `speculate` run on either.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from .session import DecoderSession, _fast_binding, session_options
+
+_I64, _I32, _F32 = np.dtype(np.int64), np.dtype(np.int32), np.dtype(np.float32)
+LAYOUT = "sol_control.fused/1"
+INPUTS = ("input_ids", "seqlens_k", "total_sequence_length")
+
+
+def _expect(ok: bool, where: str, what: str) -> None:
+    if not ok:
+        raise ValueError(f"{where}: {what} (fused layout {LAYOUT} expected)")
+
+
+def check_fused_signature(sess: ort.InferenceSession, where: str) -> tuple[int, int, int, int, int]:
+    """Validate the fused layout; return (n_layers, kv_heads, head_dim, vocab, capacity C)."""
+    inputs = {i.name: i for i in sess.get_inputs()}
+    outputs = {o.name: o for o in sess.get_outputs()}
+    types = {"input_ids": "tensor(int64)", "seqlens_k": "tensor(int32)", "total_sequence_length": "tensor(int32)"}
+    for name, kind in types.items():
+        _expect(name in inputs, where, f"missing input {name!r}")
+        _expect(inputs[name].type == kind, where, f"input {name!r} must be {kind}, got {inputs[name].type}")
+    n_layers = sum(1 for n in inputs if n.startswith("past_key_values.")) // 2
+    _expect(n_layers > 0, where, "no past_key_values.* inputs")
+    shape = inputs["past_key_values.0.key"].shape
+    _expect(len(shape) == 4 and all(isinstance(d, int) for d in shape[1:]), where,
+            f"past_key_values.0.key must be [1, heads, C, head_dim] with static sizes, got {shape}")
+    for i in range(n_layers):
+        for kind in ("key", "value"):
+            past, present = f"past_key_values.{i}.{kind}", f"present.{i}.{kind}"
+            _expect(past in inputs and inputs[past].shape == shape, where, f"input {past!r} must be {shape}")
+            _expect(present in outputs and outputs[present].shape == shape, where, f"output {present!r} must be {shape}")
+    _expect(len(inputs) == 3 + 2 * n_layers, where, f"unexpected inputs {sorted(inputs)}")
+    _expect("logits" in outputs and isinstance(outputs["logits"].shape[-1], int), where,
+            "output 'logits' [1, T, vocab] with a static vocab is missing")
+    return n_layers, shape[1], shape[3], outputs["logits"].shape[-1], shape[2]
+
+
+class FusedDecoderSession:
+    """A causal decoder in the fused layout with a KV cache of `max_context` positions (batch 1)."""
+
+    def __init__(self, path: str | Path, max_context: int | None = None, threads: int = 1, name: str = "",
+                 max_step_tokens: int = 128, min_step_tokens: int = 1,
+                 options: ort.SessionOptions | None = None):
+        self.name = name or Path(path).stem
+        self.path = Path(path)
+        try:
+            self.session = ort.InferenceSession(str(path), options or session_options(threads),
+                                                providers=["CPUExecutionProvider"])
+        except Exception as e:  # ORT's own exception types: invalid graph, unknown op, ...
+            raise ValueError(f"decoder {path}: ONNX Runtime cannot load it: {e}") from None
+        where = f"decoder {self.path}"
+        self.n_layers, self.n_heads, self.head_dim, self.vocab, capacity = check_fused_signature(self.session, where)
+        meta = self.session.get_modelmeta().custom_metadata_map
+        self._pad = int(meta.get("query_pad", "0"))  # 1: attention runs one extra query row (cache row L+T)
+        if self._pad not in (0, 1):
+            raise ValueError(f"{where}: metadata query_pad must be 0 or 1, got {meta['query_pad']!r}")
+        capacity -= self._pad
+        if max_context is not None and not 0 < max_context <= capacity:
+            raise ValueError(f"max_context must be in 1..{capacity} (the graph's KV length), got {max_context}")
+        self.max_context = max_context or capacity
+        self.max_step_tokens = min(max_step_tokens, self.max_context)
+        if min_step_tokens not in (1, 2):
+            raise ValueError(f"min_step_tokens must be 1 or 2, got {min_step_tokens}")
+        self.min_step_tokens = min_step_tokens  # 2: a lone new token is run with the previous one
+        H, D, n_kv = self.n_heads, self.head_dim, 2 * self.n_layers
+        self._kv = np.zeros((n_kv, H * (capacity + self._pad) * D), np.float32)  # [tensor, H*C*D], past = present
+        self._logits = np.zeros(self.max_step_tokens * self.vocab, np.float32)
+        self._ids = np.zeros(self.max_step_tokens, np.int64)
+        self._pair = np.zeros(2, np.int64)
+        self._seqlens = np.zeros(1, np.int32)  # L + T - 1 + pad
+        self._total = np.zeros((), np.int32)  # L + T + pad
+        self.tokens = np.zeros(self.max_context, np.int64)  # the ids whose keys/values are in the cache
+        self.length = 0
+        self.calls = 0
+        self._io = self.session.io_binding()
+        self._bind_in, self._bind_out, self._run_bound = _fast_binding(self.session, self._io)
+        self._bind_static(capacity + self._pad)
+        self._bound_T = 0  # T that input_ids / logits are bound for
+
+    def _bind_static(self, capacity: int) -> None:
+        shape = (1, self.n_heads, capacity, self.head_dim)
+        for j in range(2 * self.n_layers):
+            layer, kind = divmod(j, 2)
+            name = ("key", "value")[kind]
+            ptr = int(self._kv[j].ctypes.data)
+            self._bind_in(f"past_key_values.{layer}.{name}", _F32, shape, ptr)
+            self._bind_out(f"present.{layer}.{name}", _F32, shape, ptr)
+        self._bind_in("seqlens_k", _I32, (1,), int(self._seqlens.ctypes.data))
+        self._bind_in("total_sequence_length", _I32, (), int(self._total.ctypes.data))
+
+    # -- cache bookkeeping ------------------------------------------------------------------
+    def reset(self) -> None:
+        self.length = 0
+
+    def rewind(self, n_keep: int) -> None:
+        """Forget cached positions past `n_keep` (no copy: the next call overwrites them)."""
+        assert 0 <= n_keep <= self.length, (n_keep, self.length)
+        self.length = n_keep
+
+    # -- forward ----------------------------------------------------------------------------
+    # DecoderSession's own: the same cache semantics (exact-mode pairs, prefix reuse) over `_run`.
+    forward = DecoderSession.forward
+    prefill = DecoderSession.prefill
+
+    def _run(self, ids: np.ndarray) -> np.ndarray:
+        T, L = len(ids), self.length
+        if T == 0:
+            raise ValueError(f"{self.name}: forward needs at least one token")
+        if T > self.max_step_tokens:
+            raise ValueError(f"{self.name}: {T} tokens in one step exceed max_step_tokens={self.max_step_tokens}")
+        if L + T > self.max_context:
+            raise ValueError(f"{self.name}: context {L}+{T} exceeds max_context={self.max_context}")
+        if T != self._bound_T:
+            self._bind_in("input_ids", _I64, (1, T), int(self._ids.ctypes.data))
+            self._bind_out("logits", _F32, (1, T, self.vocab), int(self._logits.ctypes.data))
+            self._bound_T = T
+        self._ids[:T] = ids
+        self._seqlens[0] = L + T - 1 + self._pad
+        self._total[()] = L + T + self._pad
+        self._run_bound()
+        self.calls += 1
+        self.tokens[L:L + T] = ids
+        self.length = L + T
+        return self._logits[: T * self.vocab].reshape(T, self.vocab)  # [T, vocab]
+
+    def exact_rows(self, probes: int = 3) -> bool:
+        """Does a one-token pass give bit for bit the logits the same token gets inside a
+        multi-token pass, on this machine? (Which kernels ONNX Runtime picks depends on the graph
+        and the CPU.) If not, run the session with min_step_tokens=2. A few calls; resets the cache."""
+        rng = np.random.default_rng(0)
+        try:
+            for _ in range(probes):
+                ids = rng.integers(0, self.vocab, min(6, self.max_context))
+                n = len(ids) // 2
+                self.reset()
+                self._run(ids[:n])
+                singles = [self._run(ids[i:i + 1])[0].copy() for i in range(n, len(ids))]
+                self.reset()
+                self._run(ids[:n])
+                if not np.array_equal(self._run(ids[n:]), np.stack(singles)):
+                    return False
+            return True
+        finally:
+            self.reset()
+
+    def __repr__(self) -> str:
+        return (f"FusedDecoderSession({self.name}: {self.n_layers} layers, {self.n_heads}x{self.head_dim} kv, "
+                f"vocab {self.vocab}, context {self.length}/{self.max_context})")

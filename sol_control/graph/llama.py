@@ -1,0 +1,274 @@
+"""Write a Llama decoder for ONNX Runtime (CPU) straight from numpy weights: the "fused" layout.
+
+One graph per precision, built with `onnx` only (no torch, no onnxruntime-genai), from fused
+ONNX Runtime ops: per layer one packed QKV projection, one `GroupQueryAttention` (rotary inside,
+KV cache updated in place), `SkipSimplifiedLayerNormalization` (residual add + RMS norm in one
+node), SiLU as `QuickGelu(alpha=1)`; linears are `MatMul` (fp32) or `MatMulNBits` (int4 / int8).
+For the grasp target (3 layers) that is 39 nodes (33 without the query pad below) against the
+Optimum-style export's 125.
+
+Graph I/O, layout "sol_control.fused/1" (batch 1; model metadata: layout, precision, max_context M,
+query_pad p in {0, 1}; C = M + p, static in the graph):
+
+    input_ids              [1, T]        int64
+    seqlens_k              [1]           int32   L + T - 1 + p (L = cached positions before the call)
+    total_sequence_length  []            int32   L + T + p
+    past_key_values.{i}.key|value  [1, kv_heads, C, head_dim] float32
+      -> logits            [1, T, vocab] float32
+         present.{i}.key|value  [1, kv_heads, C, head_dim]  (bind the SAME buffer as the past)
+         (optional) argmax [1, T] int64   ArgMax of logits over the vocabulary
+
+`GroupQueryAttention` with the past and present bound to one buffer (past_present_share_buffer)
+writes the new keys/values at rows [L, L+T+p) and attends causally over rows [0, L+T+p): a call
+never copies the cache, and dropping the last n positions (a rejected draft) only means passing a
+smaller L next time. Rotary positions are L.., taken from seqlens_k; the cos/sin tables hold C rows.
+
+Query pad (p = 1, the default): attention gets one extra all-zero query row after the T real ones;
+its key/value land in cache row L+T (overwritten by the next call, never attended by a real row)
+and its output is sliced off before o_proj. Why: with a single query row ONNX Runtime computes the
+attention's probs x V product through MLAS's one-row SGEMM kernel (taken when M == 1 and alpha ==
+1), whose summation order differs from the multi-row kernel; so a token's logits in a one-token
+pass differ in the last bits from the same token's row in a multi-token verify pass, and
+speculative decoding could part from plain greedy. The other ops here are row-independent (MatMul
+on constant weights, the norms, MatMulNBits at accuracy level 4 with 4-bit blocks of <= 32 or
+8-bit blocks of <= 64; larger blocks have their own one-row kernel too). With the pad, attention
+never runs one row, and T=1 rows equal T=k+1 rows bit for bit, for 2 extra nodes a layer (~5 µs a
+call on the grasp target) instead of re-running the previous token (~25 µs a step). Kernel choice
+is ONNX Runtime's and the CPU's: `FusedDecoderSession.exact_rows()` checks it where it runs.
+
+Precisions ("fp32", "int4", "int8"): the quantized ones put every linear into `MatMulNBits`
+(block `block_size` along the input features, `accuracy_level` 4 = int8 activations):
+- int4: 4-bit blocks with zero points (asymmetric RTN, `sol_control.graph.quant`), the lm_head in
+  8 bits (`head_bits`), as the shipped int4 files; an `Int4Blocks` entry of `weights.int4` is
+  written as given, float zero points included (an lm_head given so stays 4-bit).
+- int8: 8-bit symmetric blocks, the lm_head too.
+A tied lm_head (= embed_tokens) is quantized like any other head; the embedding lookup then reads
+the same quantized table through `GatherBlockQuantized`, so no fp32 [vocab, hidden] table is left
+(except for a tied head given as float-zero-point `Int4Blocks`, which that op cannot read: the
+embedding then stays a dequantized fp32 table).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import quant
+from .weights import LlamaWeights
+
+LAYOUT = "sol_control.fused/1"
+PRECISIONS = ("fp32", "int4", "int8")
+INPUT_IDS, SEQLENS_K, TOTAL_LEN, LOGITS, ARGMAX = (
+    "input_ids", "seqlens_k", "total_sequence_length", "logits", "argmax")
+OPSET, MS_DOMAIN, IR_VERSION = 21, "com.microsoft", 10
+
+
+def past_name(layer: int, kind: str) -> str:
+    return f"past_key_values.{layer}.{kind}"
+
+
+def present_name(layer: int, kind: str) -> str:
+    return f"present.{layer}.{kind}"
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    precision: str = "fp32"
+    block_size: int = 32
+    accuracy_level: int = 4  # MatMulNBits: 4 = int8 activations (fastest on CPU), 0 = fp32
+    head_bits: int | None = 8  # lm_head in int4/int8 graphs: 4, 8, or None = fp32
+    symmetric: bool | None = None  # body blocks without zero points (default: int8 yes, int4 no)
+    max_context: int | None = None  # KV buffer length C (default: the config's max_context)
+    argmax: bool = False  # add an `argmax` [1, T] output
+    query_pad: bool = True  # attention sees one extra zero query row (see the module docstring)
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.block_size < 16 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two >= 16, got {self.block_size}")
+        if self.accuracy_level not in (0, 1, 2, 3, 4):
+            raise ValueError(f"accuracy_level must be 0..4, got {self.accuracy_level}")
+        if self.head_bits not in (None, 4, 8):
+            raise ValueError(f"head_bits must be 4, 8 or None (fp32), got {self.head_bits}")
+        if self.max_context is not None and self.max_context <= 0:
+            raise ValueError(f"max_context must be positive, got {self.max_context}")
+
+    @property
+    def body_bits(self) -> int | None:
+        """Bits of every linear but the lm_head: None (fp32 MatMul), 4 or 8."""
+        return {"fp32": None, "int4": 4, "int8": 8}[self.precision]
+
+    @property
+    def body_symmetric(self) -> bool:
+        return self.precision == "int8" if self.symmetric is None else self.symmetric
+
+
+class _Writer:
+    """Nodes and initializers of one graph, named after the Hugging Face tensors they come from."""
+
+    def __init__(self):
+        self.nodes, self.inits = [], []
+
+    def const(self, name: str, array: np.ndarray) -> str:
+        from onnx import numpy_helper
+
+        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        return name
+
+    def node(self, op: str, inputs: list[str], outputs: list[str], domain: str = "", **attrs) -> list[str]:
+        from onnx import helper
+
+        self.nodes.append(helper.make_node(op, inputs, outputs, name=f"{outputs[0]}/{op}", domain=domain, **attrs))
+        return outputs
+
+
+def _given_int4(weights: LlamaWeights, names: list[str], opts: BuildOptions) -> bool:
+    """An int4 graph writes a linear whose Int4Blocks are given as given (4 bits, whatever head_bits)."""
+    return opts.precision == "int4" and any(n in weights.int4 for n in names)
+
+
+def _blocks(weights: LlamaWeights, name: str, bits: int, symmetric: bool, opts: BuildOptions) -> quant.Blocks:
+    """MatMulNBits blocks of one HF linear: its Int4Blocks as given (int4 graphs), else quantized."""
+    if opts.precision == "int4" and name in weights.int4:
+        return quant.from_int4(weights.int4[name])
+    return quant.quantize(weights.linear(name), bits, opts.block_size, symmetric)
+
+
+def _linear(g: _Writer, x: str, out: str, names: list[str], weights: LlamaWeights, opts: BuildOptions,
+            bits: int | None, symmetric: bool = False) -> str:
+    """y = x @ concat(W_names).T as MatMul (bits None) or MatMulNBits; several names = one packed linear."""
+    key = names[0] if len(names) == 1 else names[0].replace("q_proj", "qkv_proj")
+    if _given_int4(weights, names, opts):
+        bits = 4
+    if bits is None:
+        w = np.concatenate([weights.linear(n) for n in names], axis=0)  # [n_out, k_in]
+        return g.node("MatMul", [x, g.const(f"{key}.T", w.T)], [out])[0]
+    b = quant.concat([_blocks(weights, n, bits, symmetric, opts) for n in names])
+    inputs = [x, g.const(f"{key}.q{bits}", b.packed), g.const(f"{key}.scales", b.scales)]
+    if b.zero_points is not None:
+        inputs.append(g.const(f"{key}.zero_points", b.zero_points))
+    return g.node("MatMulNBits", inputs, [out], MS_DOMAIN, K=b.k, N=b.n, bits=bits,
+                  block_size=b.block_size, accuracy_level=opts.accuracy_level)[0]
+
+
+def rotary_tables(head_dim: int, theta: float, positions: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin [positions, head_dim / 2] float32, computed as transformers' Llama does (float32)."""
+    inv_freq = (1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / head_dim))
+                ).astype(np.float32)
+    freqs = np.arange(positions, dtype=np.float32)[:, None] * inv_freq[None, :]  # [C, D/2]
+    return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
+
+
+def _embedding(g: _Writer, weights: LlamaWeights, opts: BuildOptions) -> str:
+    """Gather of the fp32 table, or GatherBlockQuantized of the tied quantized head's table."""
+    name = "model.embed_tokens.weight"
+    head_bits = opts.head_bits if opts.precision != "fp32" else None
+    if weights.config.tie_embeddings and head_bits is not None and not _given_int4(weights, [name], opts):
+        b = _blocks(weights, name, head_bits, True if head_bits == 8 else opts.body_symmetric, opts)
+        inputs = [g.const(f"{name}.q{head_bits}.table", b.packed.reshape(b.n, -1)), INPUT_IDS,
+                  g.const(f"{name}.table_scales", b.scales)]
+        if b.zero_points is not None:
+            inputs.append(g.const(f"{name}.table_zero_points", b.zero_points))
+        return g.node("GatherBlockQuantized", inputs, ["embeddings"], MS_DOMAIN, bits=head_bits,
+                      block_size=b.block_size, gather_axis=0, quantize_axis=1)[0]
+    return g.node("Gather", [g.const(name, weights.linear(name)), INPUT_IDS], ["embeddings"])[0]
+
+
+def _layer(g: _Writer, weights: LlamaWeights, opts: BuildOptions, i: int, x: str, residual: str | None) -> tuple[str, str]:
+    """One decoder layer; (MLP output, residual stream before it). `residual` None = first layer."""
+    c, p, bits = weights.config, f"model.layers.{i}", opts.body_bits
+    sym = opts.body_symmetric
+    ln1 = g.const(f"{p}.input_layernorm.weight", weights.tensors[f"{p}.input_layernorm.weight"])
+    if residual is None:  # x is the embedding: plain RMS norm, the residual stream is x itself
+        h = g.node("SimplifiedLayerNormalization", [x, ln1], [f"{p}.ln1"], axis=-1, epsilon=c.rms_norm_eps)[0]
+        resid = x
+    else:  # residual + x, normed, in one node (output 3 is the sum: the new residual stream)
+        h, _, _, resid = g.node("SkipSimplifiedLayerNormalization", [residual, x, ln1],
+                                [f"{p}.ln1", "", "", f"{p}.resid1"], MS_DOMAIN, epsilon=c.rms_norm_eps)
+    qkv = _linear(g, h, f"{p}.qkv", [f"{p}.self_attn.{n}_proj.weight" for n in "qkv"], weights, opts, bits, sym)
+    pad = "padded_" if opts.query_pad else ""
+    if opts.query_pad:  # [1, T, n] -> [1, T+1, n]: a zero row, written at cache row L+T, overwritten next call
+        qkv = g.node("Concat", [qkv, "pad_row"], [f"{p}.qkv_padded"], axis=1)[0]
+    attn = g.node("GroupQueryAttention",
+                  [qkv, "", "", past_name(i, "key"), past_name(i, "value"), SEQLENS_K, TOTAL_LEN, "cos_cache", "sin_cache"],
+                  [f"{p}.{pad}attn", present_name(i, "key"), present_name(i, "value")], MS_DOMAIN,
+                  num_heads=c.n_heads, kv_num_heads=c.n_kv_heads, scale=float(c.head_dim ** -0.5),
+                  do_rotary=1, rotary_interleaved=0, local_window_size=-1)[0]
+    if opts.query_pad:  # drop the pad row's output before o_proj, which then runs on T rows
+        attn = g.node("Slice", [attn, "slice_0", "slice_minus_1", "slice_1"], [f"{p}.attn"])[0]
+    o = _linear(g, attn, f"{p}.o", [f"{p}.self_attn.o_proj.weight"], weights, opts, bits, sym)
+    ln2 = g.const(f"{p}.post_attention_layernorm.weight", weights.tensors[f"{p}.post_attention_layernorm.weight"])
+    h2, _, _, resid2 = g.node("SkipSimplifiedLayerNormalization", [resid, o, ln2],
+                              [f"{p}.ln2", "", "", f"{p}.resid2"], MS_DOMAIN, epsilon=c.rms_norm_eps)
+    gate = _linear(g, h2, f"{p}.gate", [f"{p}.mlp.gate_proj.weight"], weights, opts, bits, sym)
+    up = _linear(g, h2, f"{p}.up", [f"{p}.mlp.up_proj.weight"], weights, opts, bits, sym)
+    act = g.node("QuickGelu", [gate], [f"{p}.silu"], MS_DOMAIN, alpha=1.0)[0]  # x * sigmoid(x)
+    prod = g.node("Mul", [act, up], [f"{p}.gated"])[0]
+    return _linear(g, prod, f"{p}.mlp", [f"{p}.mlp.down_proj.weight"], weights, opts, bits, sym), resid2
+
+
+def _io(weights: LlamaWeights, C: int, argmax: bool) -> tuple[list, list]:
+    from onnx import TensorProto, helper
+
+    c = weights.config
+    kv = [1, c.n_kv_heads, C, c.head_dim]
+    inputs = [helper.make_tensor_value_info(INPUT_IDS, TensorProto.INT64, [1, "T"]),
+              helper.make_tensor_value_info(SEQLENS_K, TensorProto.INT32, [1]),
+              helper.make_tensor_value_info(TOTAL_LEN, TensorProto.INT32, [])]
+    outputs = [helper.make_tensor_value_info(LOGITS, TensorProto.FLOAT, [1, "T", c.vocab_size])]
+    for i in range(c.n_layers):
+        for kind in ("key", "value"):
+            inputs.append(helper.make_tensor_value_info(past_name(i, kind), TensorProto.FLOAT, kv))
+            outputs.append(helper.make_tensor_value_info(present_name(i, kind), TensorProto.FLOAT, kv))
+    if argmax:
+        outputs.append(helper.make_tensor_value_info(ARGMAX, TensorProto.INT64, [1, "T"]))
+    return inputs, outputs
+
+
+def build_graph(weights: LlamaWeights, opts: BuildOptions):
+    """The decoder as an onnx.ModelProto (see the module docstring for its I/O)."""
+    from onnx import helper
+
+    weights.validate()
+    c = weights.config
+    pad = int(opts.query_pad)
+    C = (opts.max_context or c.max_context) + pad  # KV rows: the pad row needs one past the last position
+    g = _Writer()
+    cos, sin = rotary_tables(c.head_dim, c.rope_theta, C)
+    g.const("cos_cache", cos)
+    g.const("sin_cache", sin)
+    if pad:
+        g.const("pad_row", np.zeros((1, 1, (c.n_heads + 2 * c.n_kv_heads) * c.head_dim), np.float32))
+        for name, value in (("slice_0", 0), ("slice_minus_1", -1), ("slice_1", 1)):
+            g.const(name, np.array([value], np.int64))
+    x, residual = _embedding(g, weights, opts), None
+    for i in range(c.n_layers):
+        x, residual = _layer(g, weights, opts, i, x, residual)
+    norm = g.const("model.norm.weight", weights.tensors["model.norm.weight"])
+    h = g.node("SkipSimplifiedLayerNormalization", [residual, x, norm], ["final_norm"], MS_DOMAIN,
+               epsilon=c.rms_norm_eps)[0]
+    head_bits = None if opts.precision == "fp32" else opts.head_bits
+    head_sym = head_bits == 8 or opts.body_symmetric  # 8-bit heads: symmetric, as the shipped int4
+    _linear(g, h, LOGITS, [weights.lm_head_name], weights, opts, head_bits, head_sym)
+    if opts.argmax:
+        g.node("ArgMax", [LOGITS], [ARGMAX], axis=-1, keepdims=0)
+    inputs, outputs = _io(weights, C, opts.argmax)
+    graph = helper.make_graph(g.nodes, "decoder", inputs, outputs, initializer=g.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)],
+                              producer_name="sol_control.graph.llama", ir_version=IR_VERSION)
+    helper.set_model_props(model, {"layout": LAYOUT, "precision": opts.precision, "max_context": str(C - pad),
+                                   "query_pad": str(pad)})
+    return model
+
+
+def build_decoder(weights: LlamaWeights, path: str | Path, precision: str = "fp32", **options) -> Path:
+    """Write the fused decoder graph of `weights` at `precision` to `path` (options: BuildOptions)."""
+    import onnx
+
+    model = build_graph(weights, BuildOptions(precision=precision, **options))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))
+    return path

@@ -1,0 +1,279 @@
+"""The fused decoder graph (sol_control.graph.llama) and its session (decoding/fused.py).
+
+Against the shipped grasp export: same logits within the fp32 parity tolerance and the same greedy
+tokens on the stored reference prefixes. On tiny random models: Int4Blocks with float zero points
+are written as given, a tied head is quantized (no fp32 [vocab, hidden] table left), our block
+quantizer is byte-identical to ONNX Runtime's. The session: rewind and prefix reuse give exactly
+what a fresh session computes for the same calls; speculative equals plain greedy in exact mode.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from sol_control.bundle import Bundle
+from sol_control.decoding import DecoderSession, greedy, speculate
+from sol_control.decoding.fused import FusedDecoderSession
+from sol_control.graph import quant
+from sol_control.graph.from_onnx import read_decoder
+from sol_control.graph.llama import LAYOUT, build_decoder
+from sol_control.graph.weights import Int4Blocks, LlamaConfig, LlamaWeights
+
+MODELS = Path(__file__).resolve().parents[1] / "models"
+FP32_ATOL, FP32_RTOL = 1e-4, 1e-5  # as tests/test_models.py: |ours - torch| <= 1e-4 + 1e-5 * |logit|
+
+
+@pytest.fixture(scope="module")
+def grasp() -> Bundle:
+    return Bundle.load(MODELS / "grasp")
+
+
+@pytest.fixture(scope="module")
+def ref(grasp) -> dict[str, np.ndarray]:
+    with grasp.load_array("reference.npz") as z:
+        return {k: z[k] for k in z.files}
+
+
+@pytest.fixture(scope="module")
+def grasp_weights(grasp) -> LlamaWeights:
+    m = grasp.manifest
+    return read_decoder(grasp.verify(m.target.files["fp32"]), m.max_context)
+
+
+@pytest.fixture(scope="module")
+def fused(grasp_weights, tmp_path_factory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("fused")
+    return {p: build_decoder(grasp_weights, out / f"target_{p}.onnx", p) for p in ("fp32", "int4", "int8")}
+
+
+def tiny_weights(tied: bool = False, seed: int = 0) -> LlamaWeights:
+    c = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, n_layers=2, n_heads=4, n_kv_heads=2,
+                    head_dim=16, max_context=32, tie_embeddings=tied)
+    rng = np.random.default_rng(seed)
+    w = LlamaWeights(c, {})
+    for name, shape in w.expected_shapes().items():
+        scale = 0.2 if len(shape) == 2 else 0.1
+        w.tensors[name] = (1.0 if len(shape) == 1 else 0.0) + scale * rng.standard_normal(shape).astype(np.float32)
+    return w
+
+
+def random_int4(rng, n: int, k: int, block: int = 32) -> Int4Blocks:
+    """Q4_1-like blocks: any scale, a float zero point that no integer could hold."""
+    return Int4Blocks(packed=rng.integers(0, 256, (n, k // block, block // 2), dtype=np.uint8),
+                      scales=rng.uniform(0.002, 0.02, (n, k // block)).astype(np.float32),
+                      zero_points=rng.uniform(3.0, 12.0, (n, k // block)).astype(np.float32), block_size=block)
+
+
+def all_logits(path: Path, ids: np.ndarray, chunks: list[int]) -> np.ndarray:
+    """Logits [len(ids), V] of `ids` fed to a fresh fused session in chunks of the given sizes."""
+    sess, out, start = FusedDecoderSession(path), [], 0
+    for n in chunks:
+        out.append(sess.forward(ids[start:start + n]).copy())
+        start += n
+    return np.concatenate(out)
+
+
+# ---- against the shipped export -------------------------------------------------------------------
+
+def test_read_decoder_matches_the_manifest(grasp, grasp_weights):
+    c, spec = grasp_weights.config, grasp.manifest.target
+    assert (c.n_layers, c.n_kv_heads, c.head_dim, c.hidden_size) == (spec.n_layers, spec.n_kv_heads, spec.head_dim,
+                                                                      spec.hidden_size)
+    assert c.vocab_size == grasp.manifest.vocab.size and not c.tie_embeddings
+    assert sum(t.size for t in grasp_weights.tensors.values()) == spec.params
+
+
+def test_fused_fp32_matches_the_export_on_reference_prefixes(fused, ref):
+    p = int(ref["prefix_len"])
+    sess = FusedDecoderSession(fused["fp32"])
+    for ids, want in zip(ref["ids"], ref["target_logits"]):
+        sess.reset()
+        np.testing.assert_allclose(sess.forward(ids), want, rtol=FP32_RTOL, atol=FP32_ATOL)  # one pass
+        sess.reset()
+        res = greedy(sess, ids[:p], len(ids) - p)
+        assert res.tokens == list(ids[p:])  # torch's greedy continuation, token for token
+        sess.reset()
+        steps = [sess.forward(ids[:p])[-1].copy()] + [sess.forward(ids[i:i + 1])[-1].copy()
+                                                       for i in range(p, len(ids) - 1)]
+        np.testing.assert_allclose(np.stack(steps), want[p - 1:-1], rtol=FP32_RTOL, atol=FP32_ATOL)
+
+
+@pytest.mark.parametrize("task,role", [("qc", "target"), ("qc", "draft"), ("grasp", "draft")])
+def test_every_shipped_decoder_rebuilds(task, role, tmp_path):
+    """The other shipped fp32 decoders (1 and 2 KV heads, hidden 128 and 256) read back and rebuilt:
+    one pass over each stored reference sequence within the fp32 parity tolerance."""
+    bundle = Bundle.load(MODELS / task)
+    with bundle.load_array("reference.npz") as z:
+        ids_all, want_all = z["ids"], z[f"{role}_logits"]
+    weights = read_decoder(bundle.verify(getattr(bundle.manifest, role).files["fp32"]), bundle.manifest.max_context)
+    sess = FusedDecoderSession(build_decoder(weights, tmp_path / "fp32.onnx", "fp32"))
+    for ids, want in zip(ids_all, want_all):
+        sess.reset()
+        np.testing.assert_allclose(sess.forward(ids), want, rtol=FP32_RTOL, atol=FP32_ATOL)
+
+
+def test_fused_graph_layout(fused, grasp_weights):
+    model = onnx.load(str(fused["int4"]))
+    props = {p.key: p.value for p in model.metadata_props}
+    assert props == {"layout": LAYOUT, "precision": "int4", "max_context": "64", "query_pad": "1"}
+    ops = [n.op_type for n in model.graph.node]
+    L = grasp_weights.config.n_layers
+    assert ops.count("GroupQueryAttention") == L and ops.count("MatMulNBits") == 5 * L + 1
+    assert "MatMul" not in ops and len(ops) == 12 * L + 3
+    kv = next(i for i in model.graph.input if i.name == "past_key_values.0.key")
+    assert [d.dim_value for d in kv.type.tensor_type.shape.dim] == [1, 2, 65, 64]  # 64 positions + the pad row
+    bits = {n.output[0]: next(a.i for a in n.attribute if a.name == "bits") for n in model.graph.node
+            if n.op_type == "MatMulNBits"}
+    assert bits.pop("logits") == 8 and set(bits.values()) == {4}  # 8-bit head, 4-bit body
+
+
+# ---- quantization --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bits,symmetric", [(4, False), (4, True), (8, True), (8, False)])
+def test_block_quantizer_is_byte_identical_to_onnxruntime(grasp_weights, bits, symmetric):
+    ort_c = pytest.importorskip("onnxruntime.capi._pybind_state")
+    fn = getattr(ort_c, f"quantize_matmul_{bits}bits", None)
+    if fn is None:
+        pytest.skip(f"this onnxruntime has no quantize_matmul_{bits}bits")
+    rng = np.random.default_rng(1)
+    for w in (grasp_weights.tensors["model.layers.0.mlp.down_proj.weight"], grasp_weights.tensors["lm_head.weight"],
+              rng.standard_normal((16, 96)).astype(np.float32)):  # 3 blocks: an odd zero-point nibble
+        n, k = w.shape
+        kb = k // 32
+        packed, scales = np.zeros((n, kb, 32 * bits // 8), np.uint8), np.zeros((n, kb), np.float32)
+        zp = np.zeros((n, (kb * bits + 7) // 8), np.uint8)
+        fn(packed, np.ascontiguousarray(w.T), scales, zp, 32, n, k, symmetric)
+        ours = quant.quantize(w, bits, 32, symmetric)
+        assert np.array_equal(ours.packed, packed) and np.array_equal(ours.scales, scales)
+        assert symmetric or np.array_equal(ours.zero_points, zp)
+        assert np.abs(ours.dequantize() - w).max() <= np.abs(scales).max() * (0.5 if not symmetric else 1.0) + 1e-6
+
+
+def test_int4_blocks_with_float_zero_points_are_written_as_given(tmp_path):
+    """Every linear given as Int4Blocks: with fp32 activations (accuracy_level 0) the int4 graph must
+    equal an fp32 graph of the dequantized weights within fp32 rounding."""
+    w = tiny_weights()
+    rng = np.random.default_rng(2)
+    given = {n: random_int4(rng, *s) for n, s in w.expected_shapes().items() if len(s) == 2 and "embed" not in n}
+    q = LlamaWeights(w.config, {n: t for n, t in w.tensors.items() if n not in given}, given)
+    assert np.array_equal(quant.from_int4(given["lm_head.weight"]).dequantize(), given["lm_head.weight"].dequantize())
+    plain = LlamaWeights(w.config, {**q.tensors, **{n: b.dequantize() for n, b in given.items()}})
+    int4 = build_decoder(q, tmp_path / "int4.onnx", "int4", accuracy_level=0)
+    fp32 = build_decoder(plain, tmp_path / "fp32.onnx", "fp32")
+    graph = onnx.load(str(int4)).graph
+    zps = [i for i in graph.initializer if i.name.endswith("zero_points")]
+    assert len(zps) == 5 * 2 + 1 and all(z.data_type == onnx.TensorProto.FLOAT for z in zps)
+    ids = rng.integers(0, 96, 20)
+    got, want = all_logits(int4, ids, [12, 1, 7]), all_logits(fp32, ids, [12, 1, 7])
+    assert np.abs(got - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
+
+
+def test_a_tied_head_is_quantized_and_shared_with_the_embedding(tmp_path):
+    w = tiny_weights(tied=True)
+    V, H = w.config.vocab_size, w.config.hidden_size
+    path = build_decoder(w, tmp_path / "tied_int4.onnx", "int4", accuracy_level=0)
+    graph = onnx.load(str(path)).graph
+    fp32_tables = [i.name for i in graph.initializer
+                   if i.data_type == onnx.TensorProto.FLOAT and sorted(i.dims) == sorted([V, H])]
+    assert fp32_tables == []
+    ops = [n.op_type for n in graph.node]
+    assert "GatherBlockQuantized" in ops and "Gather" not in ops and "MatMul" not in ops
+    # reference: an fp32 graph whose body and table hold exactly what the int4 graph dequantizes
+    ref = LlamaWeights(w.config, dict(w.tensors))
+    for name, shape in w.expected_shapes().items():
+        if len(shape) == 2:
+            bits = 8 if "embed" in name else 4
+            ref.tensors[name] = quant.quantize(w.tensors[name], bits, 32, symmetric=bits == 8).dequantize()
+    fp32 = build_decoder(ref, tmp_path / "ref.onnx", "fp32")
+    ids = np.random.default_rng(3).integers(0, V, 16)
+    got, want = all_logits(path, ids, [16]), all_logits(fp32, ids, [16])
+    assert np.abs(got - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
+
+
+# ---- the session -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("precision", ["fp32", "int4"])
+def test_rewind_and_prefix_reuse_equal_a_fresh_session(fused, precision):
+    """Stale rows past the length are never read: after a rewind or a reused prefix, every call
+    returns exactly what a fresh session returns for the same calls on the same tokens."""
+    rng = np.random.default_rng(4)
+    a, b = rng.integers(4, 1290, 18), rng.integers(1290, 1546, 6)
+    sess = FusedDecoderSession(fused[precision])
+    sess.prefill(a)
+    sess.forward(b[:4])
+    sess.forward(rng.integers(1290, 1546, 3))  # a rejected draft...
+    sess.rewind(len(a) + 4)  # ...dropped without a copy
+    got = sess.forward(b[4:]).copy()
+    fresh = FusedDecoderSession(fused[precision])
+    fresh.forward(a)
+    fresh.forward(b[:4])
+    assert np.array_equal(got, fresh.forward(b[4:]))
+    # a new frame sharing the first 10 tokens: only the rest is computed
+    c = np.concatenate([a[:10], rng.integers(4, 1290, 8)])
+    calls = sess.calls
+    got = sess.prefill(c).copy()
+    assert sess.calls == calls + 1 and sess.length == len(c) and np.array_equal(sess.tokens[:len(c)], c)
+    fresh.reset()
+    fresh.forward(c[:10])
+    assert np.array_equal(got, fresh.forward(c[10:])[-1])
+    with pytest.raises(ValueError, match="max_context"):
+        sess.forward(np.ones(sess.max_context, np.int64))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int4", "int8"])
+def test_one_token_passes_equal_verify_passes_bit_for_bit(grasp, fused, precision):
+    """The query pad keeps attention off ONNX Runtime's one-row kernel (llama.py docstring)."""
+    from sol_control.bench.decode_bench import decision_prefixes
+    from sol_control.bench.engine_v2 import row_identity
+
+    rows = row_identity(FusedDecoderSession(fused[precision]), decision_prefixes(grasp, 6))
+    assert rows == {"identical": 1.0, "max_abs_diff": 0.0}
+
+
+def test_the_session_finds_out_whether_its_rows_are_exact(grasp_weights, fused, tmp_path):
+    """The probe agrees with the full check: true with the query pad (blocks of 32), false without
+    it, and false with 4-bit blocks of 128, whose one-row MatMulNBits kernel differs too."""
+    for precision in ("fp32", "int4", "int8"):
+        assert FusedDecoderSession(fused[precision]).exact_rows()
+    no_pad = build_decoder(grasp_weights, tmp_path / "nopad.onnx", "int4", query_pad=False)
+    b128 = build_decoder(grasp_weights, tmp_path / "b128.onnx", "int4", block_size=128)
+    for path in (no_pad, b128):
+        sess = FusedDecoderSession(path)
+        assert not sess.exact_rows() and sess.length == 0
+
+
+@pytest.mark.parametrize("query_pad,min_step_tokens", [(True, 1), (False, 2)])
+def test_speculative_equals_plain_greedy_bit_for_bit(grasp, grasp_weights, fused, tmp_path, query_pad, min_step_tokens):
+    """With the query pad, or without it in exact mode (every pass >= 2 rows), speculative decoding
+    emits plain greedy's tokens from the very same logits."""
+    from sol_control.bench.decode_bench import decision_prefixes
+
+    path = fused["int4"] if query_pad else build_decoder(grasp_weights, tmp_path / "int4.onnx", "int4", query_pad=False)
+    draft = DecoderSession(grasp.verify(grasp.manifest.draft.files["fp32"]), grasp.manifest.max_context)
+    target = FusedDecoderSession(path, min_step_tokens=min_step_tokens)
+    for prefix in decision_prefixes(grasp, 8):
+        for k in (None, 1, 4):
+            draft.reset()
+            target.reset()
+            spec = speculate(draft, target, prefix, 15, k=k)
+            target.reset()
+            plain = greedy(target, prefix, 15)
+            assert spec.tokens == plain.tokens
+            assert spec.probs == plain.probs  # bit for bit: every token came from the same logits
+            assert spec.stats.verify_passes < 14  # it did speculate
+
+
+def test_bad_graphs_and_settings_are_refused(tmp_path, fused):
+    with pytest.raises(ValueError, match="fused layout"):
+        FusedDecoderSession(MODELS / "grasp" / "target_fp32.onnx")  # the Optimum layout
+    with pytest.raises(ValueError, match="max_context"):
+        FusedDecoderSession(fused["fp32"], max_context=65)
+    with pytest.raises(ValueError, match="precision"):
+        build_decoder(tiny_weights(), tmp_path / "x.onnx", "int3")
+    w = tiny_weights()
+    del w.tensors["model.layers.1.mlp.up_proj.weight"]
+    with pytest.raises(ValueError, match="up_proj"):
+        build_decoder(w, tmp_path / "x.onnx", "fp32")
