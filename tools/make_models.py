@@ -92,39 +92,59 @@ def manifest_dict(task: str, out: Path, work: Path, metrics: dict) -> dict:
             "files": {f: {} for f in files}, "metrics": metrics}
 
 
+HEADS = {"qc": 3, "grasp": 4}  # draft heads per task (QC decides 4 tokens, grasp 15)
+
+
+def train_target(task: str, data: dict, args, work: Path) -> None:
+    """The target and its draft heads, trained together (multi-token prediction): work/target and
+    work/heads.npz."""
+    import train_heads as H
+
+    lo, hi = T.layout(task)["vocab"]["action"]
+    stage(f"{task}: train target + {HEADS[task]} draft heads ({args.steps} steps)")
+    model = T.make_model(task, T.TARGET_ARCH)
+    heads = H.Heads(model.lm_head.weight.detach().numpy()[lo:hi].copy(), HEADS[task])
+    info = T.train(model, data, args.steps, args.lr, args.batch, T.WORK / "train.log", work / "target",
+                   f"{task}/target", heads=heads, action_offset=lo)
+    np.savez(work / "heads.npz", **heads.arrays(), token_offset=np.int64(lo))
+    (work / "target_train.json").write_text(json.dumps(info, indent=2))
+
+
+def distil_draft(task: str, data: dict, args, work: Path, n_train: int) -> None:
+    recipe = DRAFT_RECIPE[task]
+    distill_extra = args.distill_extra if args.distill_extra is not None else recipe["distill_extra"]
+    draft_steps = args.draft_steps if args.draft_steps is not None else recipe["draft_steps"]
+    stage(f"{task}: distil draft ({draft_steps} steps, {distill_extra} extra scenes)")
+    target = T.load_model(work / "target")
+    # more prefixes than the target saw (the next training indices): the draft imitates the
+    # target's greedy choices, and more of them make it generalise better (acceptance)
+    prefix = np.concatenate([data["prefix"], T.extra_prefixes(task, n_train, distill_extra, args.workers)])
+    acts = T.greedy_batch(target, prefix, data["actions"].shape[1])
+    np.save(work / "target_greedy.npy", acts)
+    draft = T.make_model(task, T.DRAFT_ARCH, seed=1)
+    info = T.train(draft, {"prefix": prefix, "actions": acts}, draft_steps, args.lr,
+                   args.batch, T.WORK / "train.log", work / "draft", f"{task}/draft")
+    info["target_teacher_token_agreement"] = float((acts[:len(data["actions"])] == data["actions"]).mean())
+    info["distillation_prefixes"] = len(prefix)
+    (work / "draft_train.json").write_text(json.dumps(info, indent=2))
+
+
 def build(task: str, args) -> dict:
     work = T.WORK / task
     work.mkdir(parents=True, exist_ok=True)
     out = Path(args.out) / task
     t0 = time.monotonic()
     n_train = args.n_train or N_TRAIN[task]
-    recipe = DRAFT_RECIPE[task]
-    distill_extra = args.distill_extra if args.distill_extra is not None else recipe["distill_extra"]
-    draft_steps = args.draft_steps if args.draft_steps is not None else recipe["draft_steps"]
     stage(f"{task}: data ({n_train} training scenes)")
     data = T.build_split(task, "train", n_train, args.workers)
     timing = {}
-    if not (work / "target" / "config.json").exists():
-        stage(f"{task}: train target ({args.steps} steps)")
-        model = T.make_model(task, T.TARGET_ARCH)
-        info = T.train(model, data, args.steps, args.lr, args.batch, T.WORK / "train.log", work / "target",
-                       f"{task}/target")
-        (work / "target_train.json").write_text(json.dumps(info, indent=2))
+    if not (work / "target" / "config.json").exists() or not (work / "heads.npz").exists():
+        train_target(task, data, args, work)
     if not (work / "draft" / "config.json").exists():
-        stage(f"{task}: distil draft ({draft_steps} steps, {distill_extra} extra scenes)")
-        target = T.load_model(work / "target")
-        # more prefixes than the target saw (the next training indices): the draft imitates the
-        # target's greedy choices, and more of them make it generalise better (acceptance)
-        prefix = np.concatenate([data["prefix"], T.extra_prefixes(task, n_train, distill_extra, args.workers)])
-        acts = T.greedy_batch(target, prefix, data["actions"].shape[1])
-        np.save(work / "target_greedy.npy", acts)
-        draft = T.make_model(task, T.DRAFT_ARCH, seed=1)
-        info = T.train(draft, {"prefix": prefix, "actions": acts}, draft_steps, args.lr,
-                       args.batch, T.WORK / "train.log", work / "draft", f"{task}/draft")
-        info["target_teacher_token_agreement"] = float((acts[:len(data["actions"])] == data["actions"]).mean())
-        info["distillation_prefixes"] = len(prefix)
-        (work / "draft_train.json").write_text(json.dumps(info, indent=2))
+        distil_draft(task, data, args, work, n_train)
     timing["train_s"] = round(time.monotonic() - t0, 1)
+    if args.train_only:
+        return {"timing": timing}
     export_info = export_bundle(task, out, work)
     # write a first manifest (sha256) so the engine can load the bundle, then evaluate and rewrite
     write_manifest(out, manifest_dict(task, out, work, {}))
@@ -209,12 +229,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--train-only", action="store_true", help="data and training only (no export)")
     args = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "2")
     T.WORK = Path(args.work)
     for task in args.tasks.split(","):
         build(task, args)
-    update_model_card(Path(args.out))
+    if not args.train_only:
+        update_model_card(Path(args.out))
     return 0
 
 

@@ -215,5 +215,37 @@ def speculate(draft: DecoderSession, target: DecoderSession, prefix, max_new_tok
     return _finish(out, probs, max_new_tokens, stats, t0)
 
 
+def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None = None) -> DecodeResult:
+    """Self-speculative greedy decoding with the target's own draft heads (a fused graph built with
+    heads, whose `head_ids` [T, K] hold each row's guesses for the K tokens after the next). One call
+    verifies the previous guesses and makes the next ones:
+
+        prefill ─► token 1 (argmax), guesses 2..K+1 (heads at the prefix's last row)
+        forward([cur, g_1..g_k]) ─► accept g_i while it equals the argmax of row i-1; the first row
+            that disagrees (or row k) gives the target's own token; the heads of that row guess on
+
+    Output == plain greedy of the same target (greedy acceptance; the graph's rows do not depend on
+    how many tokens share a pass)."""
+    t0 = time.monotonic_ns()
+    budget = budget or Budget.unlimited()
+    prefix = _check_request(target, prefix, max_new_tokens)
+    rule, stats = Rule(), DecodeStats()
+    out, probs = _prefill(target, prefix, rule, stats, t0)
+    guesses = target.head_ids[-1].tolist()
+    while len(out) < max_new_tokens and not budget.expired():
+        seq_len = len(prefix) + len(out)  # committed tokens; the target holds seq_len - 1 of them
+        kk = min(len(guesses), max_new_tokens - len(out) - 1)
+        t_logits = target.forward(np.array([out[-1]] + guesses[:kk], np.int64))  # [kk+1, V]
+        n, bonus = rule.accept(guesses[:kk], None, t_logits)
+        emitted = guesses[:n] + [bonus]
+        probs += [token_prob(t_logits[i], tok) for i, tok in enumerate(emitted)]
+        out += emitted
+        guesses = target.head_ids[n].tolist()  # the heads of the row that gave `bonus`
+        stats.target_passes, stats.verify_passes = stats.target_passes + 1, stats.verify_passes + 1
+        stats.proposed, stats.accepted = stats.proposed + kk, stats.accepted + n
+        target.rewind(seq_len + n)
+    return _finish(out, probs, max_new_tokens, stats, t0)
+
+
 def tokens_per_s(result: DecodeResult) -> float:
     return result.stats.new_tokens / result.stats.wall_ms * 1e3 if result.stats.wall_ms > 0 else math.nan
