@@ -84,19 +84,30 @@ class ActionField(Strict):
 
 
 class DecoderSpec(Strict):
+    """One decoder (target or draft): its shape and its ONNX files per precision, in the
+    decoder-with-past layout Optimum exports (`files`) and/or the fused layout sol_control's graph
+    builder writes (`fused`, with `draft_heads` guessing heads inside). The engine prefers `fused`."""
+
     n_layers: int = Field(gt=0)
     n_kv_heads: int = Field(gt=0)
     head_dim: int = Field(gt=0)
     hidden_size: int = Field(gt=0)
     params: int | None = Field(None, gt=0)
-    files: dict[Precision, str]  # precision -> file name inside the bundle
+    files: dict[Precision, str] = Field(default_factory=dict)  # precision -> file (Optimum layout)
+    fused: dict[Precision, str] = Field(default_factory=dict)  # precision -> file (sol_control.fused/1)
+    draft_heads: int = Field(0, ge=0, le=16)  # guessing heads in the fused graphs (0 = none)
 
-    @field_validator("files")
-    @classmethod
-    def _nonempty(cls, v: dict[str, str]) -> dict[str, str]:
-        if not v:
-            raise ValueError("a decoder needs at least one file")
-        return v
+    @model_validator(mode="after")
+    def _nonempty(self) -> "DecoderSpec":
+        if not self.files and not self.fused:
+            raise ValueError("a decoder needs at least one file (files or fused)")
+        if self.draft_heads and not self.fused:
+            raise ValueError("draft_heads live in the fused graphs: list them under fused")
+        return self
+
+    @property
+    def precisions(self) -> tuple[str, ...]:
+        return tuple(p for p in ("fp32", "int8", "int4") if p in self.files or p in self.fused)
 
 
 class Manifest(Strict):
@@ -129,7 +140,8 @@ class Manifest(Strict):
     @model_validator(mode="after")
     def _listed(self) -> "Manifest":
         for role, spec in (("target", self.target), ("draft", self.draft)):
-            for prec, fname in (spec.files.items() if spec else ()):
+            listed = [*spec.files.items(), *spec.fused.items()] if spec else []
+            for prec, fname in listed:
                 if fname not in self.files:
                     raise ValueError(f"{role}.{prec} file {fname!r} is not listed in files (no sha256)")
         if self.actions and self.vocab.action is None:
@@ -202,12 +214,20 @@ class Bundle:
     def path(self, name: str) -> Path:
         return self.resolve(name) if name in self._verified else self.verify(name)
 
-    def decoder_path(self, role: Literal["target", "draft"], precision: Precision) -> Path:
+    def decoder_path(self, role: Literal["target", "draft"], precision: Precision,
+                     layout: Literal["optimum", "fused"] = "optimum") -> Path:
+        """The verified file of a decoder in one layout (`decoder_layout` says which one to use)."""
         spec = self.manifest.target if role == "target" else self.manifest.draft
-        if spec is None or precision not in spec.files:
-            have = sorted(spec.files) if spec else []
-            raise ValueError(f"bundle {self.root}: no {role} decoder in {precision} (has {have})")
-        return self.path(spec.files[precision])
+        files = (spec.fused if layout == "fused" else spec.files) if spec else {}
+        if precision not in files:
+            have = list(spec.precisions) if spec else []
+            raise ValueError(f"bundle {self.root}: no {role} decoder in {precision} ({layout} layout; has {have})")
+        return self.path(files[precision])
+
+    def decoder_layout(self, role: Literal["target", "draft"], precision: Precision) -> str:
+        """"fused" when the bundle has that decoder in the fused layout (the engine's own), else "optimum"."""
+        spec = self.manifest.target if role == "target" else self.manifest.draft
+        return "fused" if spec is not None and precision in spec.fused else "optimum"
 
     def load_array(self, name: str):
         import numpy as np

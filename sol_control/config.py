@@ -63,6 +63,10 @@ class DecodingConfig(Strict):
     fast_precision: Literal["int8", "int4"] = Field("int8", json_schema_extra=STRUCT, description="target precision of the fast path")
     draft_precision: Literal["auto", "fp32", "int8", "int4"] = Field(
         "auto", json_schema_extra=STRUCT, description="draft model precision; auto = the smallest file the bundle has for the draft")
+    speculation: Literal["auto", "heads", "draft", "none"] = Field(
+        "auto", json_schema_extra=STRUCT,
+        description="how the fast path drafts: auto = the target's own draft heads when its fused graph has "
+                    "them, else the bundle's draft model, else none (plain greedy on the quantized target)")
     k: int = Field(0, json_schema_extra=STRUCT, ge=0, le=16, description="draft tokens per verification; 0 = engine default (adaptive)")
     relax_delta: int = Field(0, json_schema_extra=STRUCT, ge=0, le=16,
                              description="lossy speed-up: accept a draft bin token within this many bins of the "
@@ -272,8 +276,14 @@ def render_yaml() -> str:
     return params.render_yaml(NodeConfig, PARAMS_FILE_KEY, YAML_HEADER)
 
 
-if __name__ == "__main__":
-    print(render_yaml(), end="")
+def render_markdown() -> str:
+    return params.markdown_table(NodeConfig)
+
+
+if __name__ == "__main__":  # python -m sol_control.config [--markdown]
+    import sys
+
+    print(render_markdown() if "--markdown" in sys.argv[1:] else render_yaml(), end="")
 
 
 STRUCTURAL = params.structural(NodeConfig)

@@ -220,3 +220,14 @@ def render_yaml(model: type[BaseModel], node_name: str, header: str) -> str:
         lines.append(f"{indent}# {s.description}{note}")
         lines.append(f"{indent}{leaf}: {_yaml_scalar(s.default)}")
     return "\n".join(lines) + "\n"
+
+
+def markdown_table(model: type[BaseModel]) -> str:
+    """Every parameter as a markdown table (docs/ROS_INTERFACE.md holds this output)."""
+    lines = ["| parameter | default | range | description |", "|---|---|---|---|"]
+    for s in param_specs(model):
+        rng = ", ".join(s.choices) if s.choices else s.range_text
+        desc = s.description.split(" (one of:")[0] + (" (next configure)" if s.structural else "")
+        lines.append(f"| `{s.name}` | `{_yaml_scalar(s.default)}` | {rng} | {desc} |")
+    return "\n".join(lines) + "\n"
+

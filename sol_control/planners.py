@@ -1,8 +1,9 @@
 """The two planners the deadline guard chooses between (the third answer, the safe default, needs
 no model: `actions.safe_default`).
 
-- fast: the quantized target (int8 or int4) verifies what a small draft proposes (speculative
-  decoding), under the budget the guard hands it; greedy on the quantized target without a draft;
+- fast: the quantized target (int8 or int4), speculative: it verifies what its own draft heads
+  guessed in the previous call, or what a small draft model proposes, under the budget the guard
+  hands it; plain greedy on the quantized target when there is neither;
 - full precision: the same target in fp32, plain greedy decoding: slower, the reference.
 
 A planner turns prefix ids into action tokens; it knows nothing about deadlines beyond the budget
@@ -58,8 +59,22 @@ def _result(r, n_tokens: int, budget: Budget, t0_ns: int) -> PlanResult:
     return PlanResult(list(r.tokens), list(r.probs), complete, (budget.clock.now_ns() - t0_ns) / NS_PER_MS, r.stats)
 
 
+def speculation_mode(bundle: Bundle, wanted: str) -> str:
+    """"heads" (the target's own draft heads), "draft" (the draft model) or "none", as configured
+    (`decoding.speculation`); auto takes the first the bundle has. ValueError if it has not that one."""
+    m = bundle.manifest
+    have = {"heads": m.target.draft_heads > 0, "draft": m.draft is not None, "none": True}
+    if wanted == "auto":
+        return next(mode for mode in ("heads", "draft", "none") if have[mode])
+    if not have[wanted]:
+        raise ValueError(f"decoding.speculation: {wanted!r}, but bundle {bundle.root} has no "
+                         f"{'draft heads' if wanted == 'heads' else 'draft decoder'}")
+    return wanted
+
+
 class FastPlanner:
-    """Quantized target + draft, speculative. Without a draft in the bundle: greedy on the quantized target."""
+    """The quantized target, speculative with its own draft heads or with the draft model
+    (`decoding.speculation`), or plain greedy."""
 
     def __init__(self, bundle: Bundle, n_tokens: int, dec: DecodingConfig,
                  bin_range: tuple[int, int] | None = None):
@@ -69,21 +84,24 @@ class FastPlanner:
         self.k = dec.k or None
         self.relax_delta = dec.relax_delta
         self.bin_range = bin_range  # action bins, where relaxed acceptance may apply
+        self.mode = speculation_mode(bundle, dec.speculation)
         self.target = _session(bundle, "target", dec.fast_precision, dec, "")
         self.draft = None
-        if bundle.manifest.draft is not None:
+        if self.mode == "draft":
             self.draft = _session(bundle, "draft", _draft_precision(bundle, dec.draft_precision), dec, "")
         self.controller = AdaptiveK()  # k adapts across decisions, not only within one
 
     def plan(self, prefix: np.ndarray, budget: Budget, faults: FaultInjection | None = None) -> PlanResult:
-        from sol_control.decoding import greedy, speculate
+        from sol_control.decoding import greedy, speculate, speculate_heads
 
         t0 = budget.clock.now_ns()
         if faults is not None:
             budget.clock.sleep_ms(faults.fast_delay_ms)
             if faults.fast_raise:
                 raise InjectedFault("fault_injection.fast_raise")
-        if self.draft is None:
+        if self.mode == "heads":
+            r = speculate_heads(self.target, prefix, self.n_tokens, budget=budget)
+        elif self.mode == "none":
             r = greedy(self.target, prefix, self.n_tokens, budget=budget)
         else:
             relax = self.relax_delta if self.bin_range is not None else 0

@@ -19,6 +19,15 @@ def test_defaults_file_is_generated_from_the_config():
     assert (REPO / "config" / "sol_control.yaml").read_text() == render_yaml()
 
 
+def test_the_documented_parameter_table_is_generated_from_the_config():
+    """docs/ROS_INTERFACE.md holds `python -m sol_control.config --markdown` between its markers."""
+    from sol_control.config import render_markdown
+
+    text = (REPO / "docs" / "ROS_INTERFACE.md").read_text()
+    table = text.split("<!-- params:begin", 1)[1].split("-->", 1)[1].split("<!-- params:end -->", 1)[0]
+    assert table.strip() == render_markdown().strip()
+
+
 def test_advertised_ranges_admit_only_valid_values():
     """ROS ranges are inclusive: both advertised ends must be values the config accepts, and an
     exclusive bound is moved to the nearest valid value (and said so in the description)."""

@@ -118,7 +118,7 @@ def test_every_shipped_decoder_rebuilds(task, role, tmp_path):
 def test_fused_graph_layout(fused, grasp_weights):
     model = onnx.load(str(fused["int4"]))
     props = {p.key: p.value for p in model.metadata_props}
-    assert props == {"layout": LAYOUT, "precision": "int4", "max_context": "64", "query_pad": "1"}
+    assert props == {"layout": LAYOUT, "precision": "int4", "max_context": "64", "query_pad": "1", "draft_heads": "0"}
     ops = [n.op_type for n in model.graph.node]
     L = grasp_weights.config.n_layers
     assert ops.count("GroupQueryAttention") == L and ops.count("MatMulNBits") == 5 * L + 1
@@ -277,3 +277,58 @@ def test_bad_graphs_and_settings_are_refused(tmp_path, fused):
     del w.tensors["model.layers.1.mlp.up_proj.weight"]
     with pytest.raises(ValueError, match="up_proj"):
         build_decoder(w, tmp_path / "x.onnx", "fp32")
+
+
+# -- draft heads -------------------------------------------------------------------------------------
+def tiny_heads(w: LlamaWeights, k: int = 3, offset: int = 40, n_out: int = 48, seed: int = 1):
+    from sol_control.graph.weights import DraftHeads
+
+    rng = np.random.default_rng(seed)
+    h = w.config.hidden_size
+    return DraftHeads((0.3 * rng.standard_normal((k, h, h))).astype(np.float32),
+                      rng.standard_normal((k, n_out, h)).astype(np.float32), offset)
+
+
+def test_draft_heads_in_the_graph_match_a_numpy_reference(tmp_path):
+    """head_ids = argmax(w2_j (h + SiLU(w1_j h))) + offset on the last K+1 rows, as in
+    tools/train_heads.py, computed here from the reference forward's hidden states."""
+    from sol_control.lm.reference import LlamaReference
+
+    w = tiny_weights()
+    w.heads = tiny_heads(w)
+    sess = FusedDecoderSession(build_decoder(w, tmp_path / "h.onnx", "fp32"))
+    assert sess.draft_heads == 3
+    ids = np.array([1, 5, 9, 17, 23, 31, 7], np.int64)
+    sess.forward(ids)
+    hid = LlamaReference(w).hidden(ids)[-4:]  # [R=K+1, H]
+    u = np.einsum("koi,ri->rko", w.heads.w1, hid)
+    hj = hid[:, None, :] + u / (1.0 + np.exp(-u))
+    want = np.einsum("kvh,rkh->rkv", w.heads.w2, hj).argmax(-1) + w.heads.token_offset  # [R, K]
+    assert sess.head_ids.shape == (4, 3) and np.array_equal(sess.head_ids, want)
+    sess.forward(np.array([3], np.int64))  # one row: R = 1
+    assert sess.head_ids.shape == (1, 3)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int4", "int8"])
+def test_speculation_with_the_targets_own_heads_equals_plain_greedy(tmp_path, precision):
+    """Whatever the heads guess, the output is plain greedy's, token for token, on every precision.
+    Heads that repeat the target's next token (w1 = 0, w2 = its lm_head) are right wherever the
+    tiny random model repeats itself and wrong elsewhere, so both paths of the rule run."""
+    from sol_control.decoding import speculate_heads
+    from sol_control.graph.weights import DraftHeads
+
+    w = tiny_weights(seed=3)
+    head = w.tensors["lm_head.weight"]
+    w.heads = DraftHeads(np.zeros((4, 64, 64), np.float32), np.repeat(head[None], 4, 0), 0)
+    sess = FusedDecoderSession(build_decoder(w, tmp_path / f"h_{precision}.onnx", precision))
+    rng = np.random.default_rng(5)
+    accepted = rejected = 0
+    for _ in range(8):
+        prefix = rng.integers(0, 96, int(rng.integers(2, 9)))
+        plain = greedy(sess, prefix, 12).tokens
+        r = speculate_heads(sess, prefix, 12)
+        assert r.tokens == plain and r.complete
+        accepted += r.stats.accepted
+        rejected += r.stats.proposed - r.stats.accepted
+    assert accepted > 0 and rejected > 0  # both paths of the acceptance rule ran
+    assert sess.exact_rows()  # the query pad: one-token rows equal verify rows

@@ -102,6 +102,10 @@ class FusedDecoderSession:
         self._bind_in, self._bind_out, self._run_bound = _fast_binding(self.session, self._io)
         self._bind_static(capacity + self._pad)
         self._bound_T = 0  # T that input_ids / logits are bound for
+        outputs = {o.name: o for o in self.session.get_outputs()}
+        self.draft_heads = int(outputs["head_ids"].shape[-1]) if "head_ids" in outputs else 0
+        self._heads = np.zeros((self.draft_heads + 1) * max(self.draft_heads, 1), np.int64)
+        self._head_rows = 0
 
     def _bind_static(self, capacity: int) -> None:
         shape = (1, self.n_heads, capacity, self.head_dim)
@@ -139,6 +143,9 @@ class FusedDecoderSession:
         if T != self._bound_T:
             self._bind_in("input_ids", _I64, (1, T), int(self._ids.ctypes.data))
             self._bind_out("logits", _F32, (1, T, self.vocab), int(self._logits.ctypes.data))
+            if self.draft_heads:
+                self._head_rows = min(T, self.draft_heads + 1)
+                self._bind_out("head_ids", _I64, (1, self._head_rows, self.draft_heads), int(self._heads.ctypes.data))
             self._bound_T = T
         self._ids[:T] = ids
         self._seqlens[0] = L + T - 1 + self._pad
@@ -148,6 +155,13 @@ class FusedDecoderSession:
         self.tokens[L:L + T] = ids
         self.length = L + T
         return self._logits[: T * self.vocab].reshape(T, self.vocab)  # [T, vocab]
+
+    @property
+    def head_ids(self) -> np.ndarray:
+        """The draft heads' guesses of the last call [R, K] (R = min(T, K + 1) last rows; row r
+        guesses the K tokens after the one its logits predict). A view, valid until the next call."""
+        assert self.draft_heads, f"{self.name} has no draft heads"
+        return self._heads[: self._head_rows * self.draft_heads].reshape(self._head_rows, self.draft_heads)
 
     def exact_rows(self, probes: int = 3) -> bool:
         """Does a one-token pass give bit for bit the logits the same token gets inside a

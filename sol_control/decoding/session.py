@@ -252,15 +252,26 @@ class DecoderSession:
 
 
 def open_decoder(bundle, role: str, precision: str, threads: int = 1, name: str = "",
-                 max_context: int | None = None) -> DecoderSession:
-    """A session for one decoder of a verified bundle (sha256 checked before ORT sees the file),
-    with the session's own exactness rule for targets (`exact_step_tokens`; a draft only proposes). `max_context` overrides the
-    manifest's KV length (benchmarks only: rotary positions work at any length, but the model
-    never saw sequences past the manifest's `max_context`)."""
-    path = bundle.decoder_path(role, precision)
-    sess = DecoderSession(path, max_context or bundle.manifest.max_context, threads=threads,
-                          name=name or f"{role}_{precision}",
-                          min_step_tokens=1 if role == "draft" else None)  # a draft only proposes
+                 max_context: int | None = None):
+    """A session for one decoder of a verified bundle (sha256 checked before ORT sees the file): a
+    FusedDecoderSession when the bundle has the fused graph, else a DecoderSession. Both follow one
+    exactness rule for targets: a single new token gives the logits it would get inside a
+    multi-token verify pass, else single tokens run as 2-token steps (a draft only proposes).
+    `max_context` overrides the manifest's KV length (benchmarks only: rotary positions work at any
+    length, but the model never saw sequences past the manifest's `max_context`)."""
+    from .fused import FusedDecoderSession
+
+    layout = bundle.decoder_layout(role, precision)
+    path = bundle.decoder_path(role, precision, layout)
+    name = name or f"{role}_{precision}"
+    context = max_context or bundle.manifest.max_context
+    if layout == "fused":
+        sess = FusedDecoderSession(path, context, threads=threads, name=name)
+        if role == "target" and not sess.exact_rows():  # the probe resets the cache
+            sess.min_step_tokens = 2
+    else:
+        sess = DecoderSession(path, context, threads=threads, name=name,
+                              min_step_tokens=1 if role == "draft" else None)
     if sess.vocab != bundle.manifest.vocab.size:
         raise ValueError(f"{path}: logits have {sess.vocab} entries, manifest vocab.size is "
                          f"{bundle.manifest.vocab.size}")

@@ -17,6 +17,7 @@ query_pad p in {0, 1}; C = M + p, static in the graph):
       -> logits            [1, T, vocab] float32
          present.{i}.key|value  [1, kv_heads, C, head_dim]  (bind the SAME buffer as the past)
          (optional) argmax [1, T] int64   ArgMax of logits over the vocabulary
+         (with draft heads) head_ids [1, R, K] int64   R = min(T, K + 1): the last R rows' guesses
 
 `GroupQueryAttention` with the past and present bound to one buffer (past_present_share_buffer)
 writes the new keys/values at rows [L, L+T+p) and attends causally over rows [0, L+T+p): a call
@@ -35,6 +36,11 @@ on constant weights, the norms, MatMulNBits at accuracy level 4 with 4-bit block
 never runs one row, and T=1 rows equal T=k+1 rows bit for bit, for 2 extra nodes a layer (~5 µs a
 call on the grasp target) instead of re-running the previous token (~25 µs a step). Kernel choice
 is ONNX Runtime's and the CPU's: `FusedDecoderSession.exact_rows()` checks it where it runs.
+
+Draft heads (`weights.heads`, K of them): on the last K + 1 rows (a verify pass has at most K + 1,
+and of a prefill only the last row is read), head j guesses the token after the next one; so one
+call verifies the previous guesses and makes the next ones (decoding.speculate_heads). The heads
+stay fp32 at every precision (~0.5 M multiply-adds a row for 4 heads on the grasp target).
 
 Precisions ("fp32", "int4", "int8"): the quantized ones put every linear into `MatMulNBits`
 (block `block_size` along the input features, `accuracy_level` 4 = int8 activations):
@@ -59,8 +65,8 @@ from .weights import LlamaWeights
 
 LAYOUT = "sol_control.fused/1"
 PRECISIONS = ("fp32", "int4", "int8")
-INPUT_IDS, SEQLENS_K, TOTAL_LEN, LOGITS, ARGMAX = (
-    "input_ids", "seqlens_k", "total_sequence_length", "logits", "argmax")
+INPUT_IDS, SEQLENS_K, TOTAL_LEN, LOGITS, ARGMAX, HEAD_IDS = (
+    "input_ids", "seqlens_k", "total_sequence_length", "logits", "argmax", "head_ids")
 OPSET, MS_DOMAIN, IR_VERSION = 21, "com.microsoft", 10
 
 
@@ -209,6 +215,31 @@ def _layer(g: _Writer, weights: LlamaWeights, opts: BuildOptions, i: int, x: str
     return _linear(g, prod, f"{p}.mlp", [f"{p}.mlp.down_proj.weight"], weights, opts, bits, sym), resid2
 
 
+def _draft_heads(g: _Writer, h: str, weights: LlamaWeights) -> None:
+    """head_ids [1, R, K] from the final hidden state h [1, T, H] (R = min(T, K + 1) last rows)."""
+    heads, hidden = weights.heads, weights.config.hidden_size
+    k = heads.k
+    g.const("heads.last_rows", np.array([-(k + 1)], np.int64))
+    g.const("heads.end", np.array([np.iinfo(np.int64).max], np.int64))
+    g.const("heads.axis1", np.array([1], np.int64))
+    rows = g.node("Slice", [h, "heads.last_rows", "heads.end", "heads.axis1"], ["heads.h"])[0]  # [1, R, H]
+    w1 = g.const("heads.w1", np.ascontiguousarray(heads.w1.transpose(2, 0, 1).reshape(hidden, k * hidden)))
+    u = g.node("MatMul", [rows, w1], ["heads.u"])[0]  # [1, R, K*H]
+    g.const("heads.shape", np.array([1, -1, k, hidden], np.int64))
+    u4 = g.node("Reshape", [u, "heads.shape"], ["heads.u4"])[0]  # [1, R, K, H]
+    act = g.node("QuickGelu", [u4], ["heads.silu"], MS_DOMAIN, alpha=1.0)[0]
+    g.const("heads.axis2", np.array([2], np.int64))
+    base = g.node("Unsqueeze", [rows, "heads.axis2"], ["heads.h4"])[0]  # [1, R, 1, H]
+    hj = g.node("Add", [base, act], ["heads.hj"])[0]  # [1, R, K, H]
+    hk = g.node("Transpose", [hj], ["heads.hk"], perm=[0, 2, 1, 3])[0]  # [1, K, R, H]
+    w2 = g.const("heads.w2", np.ascontiguousarray(heads.w2.transpose(0, 2, 1)))  # [K, H, n_out]
+    logits = g.node("MatMul", [hk, w2], ["heads.logits"])[0]  # [1, K, R, n_out]
+    best = g.node("ArgMax", [logits], ["heads.best"], axis=-1, keepdims=0)[0]  # [1, K, R]
+    ids = g.node("Transpose", [best], ["heads.ids"], perm=[0, 2, 1])[0]  # [1, R, K]
+    g.const("heads.offset", np.array(heads.token_offset, np.int64))
+    g.node("Add", [ids, "heads.offset"], [HEAD_IDS])
+
+
 def _io(weights: LlamaWeights, C: int, argmax: bool) -> tuple[list, list]:
     from onnx import TensorProto, helper
 
@@ -224,6 +255,8 @@ def _io(weights: LlamaWeights, C: int, argmax: bool) -> tuple[list, list]:
             outputs.append(helper.make_tensor_value_info(present_name(i, kind), TensorProto.FLOAT, kv))
     if argmax:
         outputs.append(helper.make_tensor_value_info(ARGMAX, TensorProto.INT64, [1, "T"]))
+    if weights.heads is not None:
+        outputs.append(helper.make_tensor_value_info(HEAD_IDS, TensorProto.INT64, [1, "R", weights.heads.k]))
     return inputs, outputs
 
 
@@ -254,12 +287,15 @@ def build_graph(weights: LlamaWeights, opts: BuildOptions):
     _linear(g, h, LOGITS, [weights.lm_head_name], weights, opts, head_bits, head_sym)
     if opts.argmax:
         g.node("ArgMax", [LOGITS], [ARGMAX], axis=-1, keepdims=0)
+    if weights.heads is not None:
+        _draft_heads(g, h, weights)
     inputs, outputs = _io(weights, C, opts.argmax)
     graph = helper.make_graph(g.nodes, "decoder", inputs, outputs, initializer=g.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)],
                               producer_name="sol_control.graph.llama", ir_version=IR_VERSION)
     helper.set_model_props(model, {"layout": LAYOUT, "precision": opts.precision, "max_context": str(C - pad),
-                                   "query_pad": str(pad)})
+                                   "query_pad": str(pad),
+                                   "draft_heads": str(weights.heads.k if weights.heads is not None else 0)})
     return model
 
 

@@ -73,11 +73,42 @@ class Int4Blocks:
         return w.reshape(self.packed.shape[0], -1).astype(np.float32)
 
 
+@dataclass(frozen=True)
+class DraftHeads:
+    """K draft heads on the final (normed) hidden state h (Medusa style, tools/train_heads.py):
+    head j guesses the token after the next as argmax(w2[j] @ (h + SiLU(w1[j] @ h))) + token_offset,
+    over `n_out` tokens from `token_offset` (a policy's action tokens)."""
+
+    w1: np.ndarray  # [K, hidden, hidden] float32
+    w2: np.ndarray  # [K, n_out, hidden] float32
+    token_offset: int = 0
+
+    @property
+    def k(self) -> int:
+        return int(self.w1.shape[0])
+
+    def validate(self, hidden: int, vocab: int) -> None:
+        k = self.k
+        if self.w1.shape != (k, hidden, hidden) or self.w2.ndim != 3 or self.w2.shape[::2] != (k, hidden):
+            raise ValueError(f"DraftHeads: w1 {self.w1.shape} / w2 {self.w2.shape} do not fit {k} heads "
+                             f"on hidden size {hidden}")
+        if not 0 <= self.token_offset and self.token_offset + self.w2.shape[1] <= vocab:
+            raise ValueError(f"DraftHeads: tokens [{self.token_offset}, {self.token_offset + self.w2.shape[1]}) "
+                             f"outside the vocabulary of {vocab}")
+
+    @classmethod
+    def load(cls, path) -> DraftHeads:
+        """From the .npz tools/train_heads.py writes (w1, w2, token_offset; no pickles)."""
+        with np.load(path, allow_pickle=False) as z:
+            return cls(z["w1"].astype(np.float32), z["w2"].astype(np.float32), int(z["token_offset"]))
+
+
 @dataclass
 class LlamaWeights:
     config: LlamaConfig
     tensors: dict[str, np.ndarray]  # HF names -> float32 arrays (see the module docstring)
     int4: dict[str, Int4Blocks] = field(default_factory=dict)  # optional pre-quantized linears, HF names
+    heads: DraftHeads | None = None  # optional draft heads, written into the graph as `head_ids`
 
     def linear(self, name: str) -> np.ndarray:
         """A linear weight [out, in] in float32, dequantized when only its int4 blocks are held."""
@@ -113,6 +144,8 @@ class LlamaWeights:
 
     def validate(self) -> None:
         """ValueError naming the tensor when one is missing, extra, or of the wrong shape."""
+        if self.heads is not None:
+            self.heads.validate(self.config.hidden_size, self.config.vocab_size)
         want = self.expected_shapes()
         held = set(self.tensors) | set(self.int4)
         for name in sorted(held - set(want)):

@@ -65,6 +65,10 @@ class LlamaReference:
 
     def logits(self, ids: list[int] | np.ndarray) -> np.ndarray:
         """ids [T] -> logits [T, vocab], float32."""
+        return (self.hidden(ids) @ self.head.T).astype(np.float32)
+
+    def hidden(self, ids: list[int] | np.ndarray) -> np.ndarray:
+        """ids [T] -> the final normed hidden states [T, hidden] (what the lm_head reads)."""
         c = self.config
         h = self.dense["model.embed_tokens.weight"][np.asarray(ids, dtype=np.int64)]  # [T, hidden]
         for layer in range(c.n_layers):
@@ -73,7 +77,7 @@ class LlamaReference:
             h = h + self._attention(x, f"{p}.self_attn")
             x = rms_norm(h, self.dense[f"{p}.post_attention_layernorm.weight"], c.rms_norm_eps)
             h = h + self._mlp(x, f"{p}.mlp")
-        return (rms_norm(h, self.dense["model.norm.weight"], c.rms_norm_eps) @ self.head.T).astype(np.float32)
+        return rms_norm(h, self.dense["model.norm.weight"], c.rms_norm_eps)
 
     def greedy(self, ids: list[int], max_new_tokens: int, stop_ids: tuple[int, ...] = ()) -> list[int]:
         """The generated ids (argmax each step), ending after a stop id or max_new_tokens."""
