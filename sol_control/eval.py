@@ -2,11 +2,11 @@
 
 Scenes are regenerated from their seeds (`sol_control.tasks`), tokenized with the bundle's own
 observation tokenizer, decoded with the engine (plain greedy per target precision; speculative
-greedy with the draft, whose output must equal plain greedy), and scored against the analytic
-labels. QC: `accuracy` (class exact), `defect_recall` (defective parts not passed),
+greedy with the target's own draft heads and with the draft model, whose outputs must equal plain
+greedy), and scored against the analytic labels. QC: `accuracy` (class exact), `defect_recall` (defective parts not passed),
 `false_reject_rate`. Grasp: `success_rate` (position <= x tolerance, |yaw| <= yaw tolerance modulo
 pi, width <= width tolerance, all from the manifest) plus per-dimension errors. Speculative
-variants add `acceptance` (accepted / proposed draft tokens) and `mean_accepted`.
+variants add `acceptance` (accepted / proposed guesses) and `tokens_per_target_pass`.
 
     sol-control eval --bundle models/qc [--split test|heldout] [--n 500] [--json PATH]
 """
@@ -22,7 +22,7 @@ import numpy as np
 
 from .actions import ActionTokenizer
 from .bundle import Bundle
-from .decoding import greedy, open_decoder, speculate
+from .decoding import greedy, open_decoder, speculate, speculate_heads
 from .perception import ObservationTokenizer
 
 DEFAULT_N = {"test": 500, "heldout": 500}
@@ -84,24 +84,31 @@ def score(task: str, manifest, decisions: list, labels: list[dict]) -> dict:
             "width_err_mm_p50": pct(width, 50, 1e3), "width_err_mm_p95": pct(width, 95, 1e3)}
 
 
+def _decode(target, draft, prefix, n_act: int, acts: ActionTokenizer, mode: str, k: int, relax_delta: int):
+    if mode == "heads":
+        return speculate_heads(target, prefix, n_act)
+    if mode == "draft":
+        return speculate(draft, target, prefix, n_act, k=k, relax_delta=relax_delta,
+                         relax_range=acts.bin_range if relax_delta else None)
+    return greedy(target, prefix, n_act)
+
+
 def run_variant(bundle: Bundle, precision: str, prefixes: list, n_act: int, acts: ActionTokenizer,
-                draft_precision: str | None = None, k: int = 4, relax_delta: int = 0) -> tuple[list, list, dict]:
-    """Decode every prefix with one target precision (plus a draft = speculative)."""
+                draft_precision: str | None = None, k: int = 4, relax_delta: int = 0,
+                mode: str = "plain") -> tuple[list, list, dict]:
+    """Decode every prefix with one target precision: plain, with the target's own draft heads
+    (mode "heads") or with the draft model (a `draft_precision`)."""
     target = open_decoder(bundle, "target", precision)
     draft = open_decoder(bundle, "draft", draft_precision) if draft_precision else None
+    mode = "draft" if draft is not None else mode
     tokens, decisions, wall, proposed, accepted, passes = [], [], [], 0, 0, 0
     for prefix in prefixes:
         if prefix is None:
             tokens.append(None), decisions.append(None)
             continue
-        if draft is None:
-            res = greedy(target, prefix, n_act)
-        else:
-            res = speculate(draft, target, prefix, n_act, k=k, relax_delta=relax_delta,
-                            relax_range=acts.bin_range if relax_delta else None)
-            proposed += res.stats.proposed
-            accepted += res.stats.accepted
-            passes += res.stats.verify_passes
+        res = _decode(target, draft, prefix, n_act, acts, mode, k, relax_delta)
+        proposed, accepted, passes = (proposed + res.stats.proposed, accepted + res.stats.accepted,
+                                      passes + res.stats.verify_passes)
         wall.append(res.stats.wall_ms)
         tokens.append(list(res.tokens))
         try:
@@ -110,25 +117,29 @@ def run_variant(bundle: Bundle, precision: str, prefixes: list, n_act: int, acts
             decisions.append(None)  # a token outside its field: no valid decision
     extra = {"decode_ms_p50": float(np.median(wall)) if wall else None,
              "decode_ms_p99": float(np.percentile(wall, 99)) if wall else None}
-    if draft is not None:
+    if mode != "plain":
         extra.update(acceptance=accepted / max(proposed, 1), proposed=proposed, accepted=accepted,
-                     tokens_per_target_pass=(len(wall) * (n_act - 1)) / max(passes, 1), k=k)
+                     tokens_per_target_pass=(len(wall) * (n_act - 1)) / max(passes, 1))
+        if mode == "draft":
+            extra["k"] = k
         if relax_delta:
             extra["relax_delta_bins"] = relax_delta
     return tokens, decisions, extra
 
 
-def variants(bundle: Bundle, precisions: tuple[str, ...], relax_delta: int = 0) -> list[tuple[str, str, str | None, int]]:
-    """(name, target precision, draft precision or None, relax_delta) to evaluate."""
+def variants(bundle: Bundle, precisions: tuple[str, ...], relax_delta: int = 0) -> list[tuple]:
+    """(name, target precision, draft precision or None, relax_delta, mode) to evaluate."""
     m = bundle.manifest
-    have = [p for p in precisions if p in m.target.files]
-    out = [(p, p, None, 0) for p in have]
+    have = [p for p in precisions if p in m.target.precisions]
+    out = [(p, p, None, 0, "plain") for p in have]
+    if m.target.draft_heads:
+        out += [(f"{p}+heads", p, None, 0, "heads") for p in have]
     if m.draft is not None:
         dp = "fp32" if "fp32" in m.draft.files else sorted(m.draft.files)[0]
-        out += [(f"{p}+draft", p, dp, 0) for p in have if p != "fp32"]
-        out += [("fp32+draft", "fp32", dp, 0)] * ("fp32" in have)
+        out += [(f"{p}+draft", p, dp, 0, "draft") for p in have if p != "fp32"]
+        out += [("fp32+draft", "fp32", dp, 0, "draft")] * ("fp32" in have)
         if relax_delta:  # lossy: a draft bin within relax_delta of the target's is accepted
-            out += [(f"{p}+draft~{relax_delta}", p, dp, relax_delta) for p in have if p != "fp32"]
+            out += [(f"{p}+draft~{relax_delta}", p, dp, relax_delta, "draft") for p in have if p != "fp32"]
     return out
 
 
@@ -148,8 +159,9 @@ def evaluate(bundle_dir: str | Path, split: str = "test", precisions: tuple[str,
     prefixes, labels = encode_scenes(obs, scenes(m.task, split, n))
     report = {"bundle": m.name, "task": m.task, "split": split, "n": n, "precisions": {}}
     ref_tokens = None
-    for name, prec, draft_prec, relax in variants(bundle, precisions, relax_delta):
-        tokens, decisions, extra = run_variant(bundle, prec, prefixes, acts.n_tokens, acts, draft_prec, k, relax)
+    for name, prec, draft_prec, relax, mode in variants(bundle, precisions, relax_delta):
+        tokens, decisions, extra = run_variant(bundle, prec, prefixes, acts.n_tokens, acts, draft_prec, k, relax,
+                                               mode)
         metrics = score(m.task, m, decisions, labels) | extra
         if ref_tokens is None and name == "fp32":
             ref_tokens = tokens

@@ -1,6 +1,7 @@
 """Rebuild the shipped bundles models/qc and models/grasp (dev-only, torch): generate data, train
-the target, distil the draft, export to ONNX, quantize, store parity references, evaluate, and write
-manifest.json. Each stage reuses its .work/ output when present (delete .work/ to start over).
+the target with its draft heads, distil the draft, export (the Optimum fp32 reference and the
+engine's fused fp32 / int8 / int4 graphs with the heads inside), store parity references, evaluate,
+and write manifest.json. Each stage reuses its .work/ output when present (delete .work/ to start over).
 
     python tools/make_models.py [--tasks qc,grasp] [--steps 1800] [--draft-steps N] [--out models]
 """
@@ -42,10 +43,31 @@ def stage(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+FUSED = {p: f"target_fused_{p}.onnx" for p in ("fp32", "int8", "int4")}
+
+
+def fused_parity(model, path: Path, n_tokens: int = 24, seed: int = 0) -> float:
+    """Max |logits_ort - logits_torch| of a fused graph, the prefix fed in three calls."""
+    from export import torch_logits
+
+    from sol_control.decoding.fused import FusedDecoderSession
+
+    ids = np.random.default_rng(seed).integers(4, model.config.vocab_size, n_tokens)
+    sess = FusedDecoderSession(path)
+    got = np.concatenate([sess.forward(ids[:n_tokens // 2]).copy(), sess.forward(ids[n_tokens // 2:-1]).copy(),
+                          sess.forward(ids[-1:]).copy()])
+    return float(np.abs(got - torch_logits(model, ids)).max())
+
+
 def export_bundle(task: str, out: Path, work: Path) -> dict:
+    """The target's Optimum export (the fp32 reference; the peers' weights are read back from it),
+    the draft's, and the engine's fused graphs (fp32, int8, int4) with the draft heads inside."""
     import torch
     from export import export_decoder, parity
-    from quantize import quantize_int4, quantize_int8
+
+    from sol_control.graph.from_onnx import read_decoder
+    from sol_control.graph.llama import build_decoder
+    from sol_control.graph.weights import DraftHeads
 
     target, draft = T.load_model(work / "target"), T.load_model(work / "draft")
     out.mkdir(parents=True, exist_ok=True)
@@ -54,12 +76,15 @@ def export_bundle(task: str, out: Path, work: Path) -> dict:
     stage(f"{task}: export")
     export_decoder(target, out / "target_fp32.onnx", opset=23, max_context=T.MAX_CONTEXT)
     export_decoder(draft, out / "draft_fp32.onnx", opset=23, max_context=T.MAX_CONTEXT)
-    quantize_int8(out / "target_fp32.onnx", out / "target_int8.onnx")
-    # int4 with zero points + an 8-bit lm_head: on the shipped QC target, fp32 agreement
-    # 0.746 -> 0.898 and draft acceptance 0.751 -> 0.809 (was symmetric, lm_head int4); the 256-bin
-    # action tokens are decided by small logit gaps that a 4-bit lm_head blurs. See models/README.md.
-    quantize_int4(out / "target_fp32.onnx", out / "target_int4.onnx")  # its defaults are that layout
+    weights = read_decoder(out / "target_fp32.onnx", T.MAX_CONTEXT)
+    weights.heads = DraftHeads.load(work / "heads.npz")
+    # int4: 4-bit blocks of 32 with zero points and an 8-bit lm_head (the builder's defaults, byte
+    # for byte what tools/quantize.py made before): fine 256-bin action tokens hang on small logit
+    # gaps that a 4-bit lm_head blurs. See models/README.md.
+    for precision, name in FUSED.items():
+        build_decoder(weights, out / name, precision)
     info = {"parity_max_abs_fp32": parity(target, out / "target_fp32.onnx"),
+            "parity_max_abs_fused_fp32": fused_parity(target, out / FUSED["fp32"]),
             "parity_max_abs_draft": parity(draft, out / "draft_fp32.onnx")}
     # parity references: real test prefixes + the target's greedy actions, torch logits at every position
     test = T.build_split(task, "test", 64, workers=1)
@@ -73,20 +98,19 @@ def export_bundle(task: str, out: Path, work: Path) -> dict:
     return info
 
 
-def spec(model, files: dict[str, str]) -> dict:
+def spec(model, files: dict[str, str], **extra) -> dict:
     c = model.config
     return {"n_layers": c.num_hidden_layers, "n_kv_heads": c.num_key_value_heads, "head_dim": c.head_dim,
-            "hidden_size": c.hidden_size, "params": T.n_params(model), "files": files}
+            "hidden_size": c.hidden_size, "params": T.n_params(model), "files": files, **extra}
 
 
 def manifest_dict(task: str, out: Path, work: Path, metrics: dict) -> dict:
     lay = T.layout(task)
     target, draft = T.load_model(work / "target"), T.load_model(work / "draft")
-    files = ["target_fp32.onnx", "target_int8.onnx", "target_int4.onnx", "draft_fp32.onnx", "reference.npz"]
+    files = ["target_fp32.onnx", *FUSED.values(), "draft_fp32.onnx", "reference.npz"]
     return {"name": f"sol_control-{task}", "task": task, "description": DESCRIPTIONS[task],
             "max_context": T.MAX_CONTEXT, "vocab": lay["vocab"], "opset": 23,
-            "target": spec(target, {"fp32": "target_fp32.onnx", "int8": "target_int8.onnx",
-                                    "int4": "target_int4.onnx"}),
+            "target": spec(target, {"fp32": "target_fp32.onnx"}, fused=FUSED, draft_heads=HEADS[task]),
             "draft": spec(draft, {"fp32": "draft_fp32.onnx"}),
             "observation": lay["observation"], "actions": lay["actions"],
             "files": {f: {} for f in files}, "metrics": metrics}

@@ -1,12 +1,22 @@
 """`sol-control bench decode`: standard vs quantized vs speculative, side by side in one run.
 
-Every configuration decodes the same decision prefixes; rounds interleave the configurations so a
-noisy neighbour slows all of them alike. Ratios are taken within the run.
+Rows (those the bundle can run): the standard (fp32 target, plain greedy), int8 and int4 plain,
+int8 / int4 with the target's own draft heads, int8 / int4 with the draft model. Every row decodes
+the same decision prefixes on sessions of its own; rounds interleave the rows so a noisy neighbour
+slows all of them alike, and ratios are taken within the run.
+
+A decision is timed twice per round. Warm, as the node runs it: the session keeps what it cached
+for the previous frame, so a static-first prefix (the grasp prefix's parked-arm joints) is not
+computed again; everything that depends on the frame is. Cold: the cache is emptied first (what a
+peer without cross-frame caches pays). `decision_ms_*` are warm; `cold_decision_ms_p50` beside
+them. Tokens/s are from the warm runs. CPU time per decision (the decoding thread, ONNX Runtime's
+included at 1 intra-op thread) and joules (sol_control.energy) come with every row.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,16 +24,19 @@ from pathlib import Path
 import numpy as np
 
 from ..bundle import Bundle
-from ..decoding import AdaptiveK, greedy, open_decoder, speculate
+from ..decoding import AdaptiveK, greedy, open_decoder, speculate, speculate_heads
+from ..energy import EnergyMeter, energy_row
 from .common import default_bundle, memory_bandwidth_gbs, pct, progress, table
 
-# (row name, target precision, speculative?)
+# (row name, target precision, how it drafts)
 CONFIGS = [
-    ("standard fp32", "fp32", False),
-    ("int8 plain", "int8", False),
-    ("int4 plain", "int4", False),
-    ("int8 + draft", "int8", True),
-    ("int4 + draft", "int4", True),
+    ("standard fp32", "fp32", "plain"),
+    ("int8 plain", "int8", "plain"),
+    ("int4 plain", "int4", "plain"),
+    ("int8 + heads", "int8", "heads"),
+    ("int4 + heads", "int4", "heads"),
+    ("int8 + draft", "int8", "draft"),
+    ("int4 + draft", "int4", "draft"),
 ]
 
 
@@ -34,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=None, help="rounds (>= 5 for medians)")
     p.add_argument("--new-tokens", type=int, default=None, help="tokens per decision (default: the bundle's action length)")
     p.add_argument("--threads", type=int, default=1, help="ORT intra-op threads for every session")
-    p.add_argument("--k", type=int, default=None, help="fixed draft length (default: adaptive)")
+    p.add_argument("--k", type=int, default=None, help="fixed draft length of the draft-model rows (default: adaptive)")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
 
 
@@ -42,21 +55,44 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 class Row:
     name: str
     precision: str
-    speculative: bool
-    decision_ms: list[float] = field(default_factory=list)
+    mode: str  # plain | heads | draft
+    target: object = None
+    draft: object = None
+    controller: AdaptiveK | None = None
+    decision_ms: list[float] = field(default_factory=list)  # warm
+    cold_ms: list[float] = field(default_factory=list)
     decode_tok_s: list[float] = field(default_factory=list)  # per round: tokens after the first / decode time
     e2e_tok_s: list[float] = field(default_factory=list)  # per round: all new tokens / total wall time
     ttft_ms: list[float] = field(default_factory=list)
+    cpu_s: float = 0.0
+    decisions: int = 0
+    tokens: int = 0
     accepted: int = 0
     verify_passes: int = 0
     proposed: int = 0
     draft_accepted: int = 0
     outputs: list[list[int]] = field(default_factory=list)
 
-    def summary(self, standard: list[list[int]], plain: list[list[int]]) -> dict:
+    @property
+    def speculative(self) -> bool:
+        return self.mode != "plain"
+
+    def decode(self, prefix: np.ndarray, new_tokens: int, k: int | None, cold: bool):
+        if cold:
+            self.target.reset()
+            if self.draft is not None:
+                self.draft.reset()
+        if self.mode == "heads":
+            return speculate_heads(self.target, prefix, new_tokens)
+        if self.mode == "draft":
+            return speculate(self.draft, self.target, prefix, new_tokens, k=k, controller=self.controller)
+        return greedy(self.target, prefix, new_tokens)
+
+    def summary(self, standard: list[list[int]], plain: list[list[int]], meter: EnergyMeter) -> dict:
         return {
-            "name": self.name, "precision": self.precision, "speculative": self.speculative,
+            "name": self.name, "precision": self.precision, "speculative": self.speculative, "mode": self.mode,
             "decision_ms_p50": pct(self.decision_ms, 50), "decision_ms_p99": pct(self.decision_ms, 99),
+            "cold_decision_ms_p50": pct(self.cold_ms, 50),
             "decode_tokens_per_s": pct(self.decode_tok_s, 50),
             "decode_tokens_per_s_min": min(self.decode_tok_s), "decode_tokens_per_s_max": max(self.decode_tok_s),
             "tokens_per_s": pct(self.e2e_tok_s, 50),
@@ -65,6 +101,7 @@ class Row:
             "draft_acceptance": self.draft_accepted / self.proposed if self.proposed else None,
             "match_standard": _agreement(self.outputs, standard),
             "match_plain_same_target": _agreement(self.outputs, plain),
+            **energy_row(self.cpu_s, self.decisions, meter, self.tokens),
         }
 
 
@@ -90,39 +127,50 @@ def decision_prefixes(bundle: Bundle, n: int, seed: int = 0) -> list[np.ndarray]
             for _ in range(n)]
 
 
+def make_rows(bundle: Bundle, threads: int) -> list[Row]:
+    """The rows this bundle can run, each with sessions of its own (warm caches stay per row)."""
+    m = bundle.manifest
+    have = set(m.target.precisions)
+    modes = {"plain": True, "heads": m.target.draft_heads > 0, "draft": m.draft is not None}
+    rows = [Row(n, p, mode) for n, p, mode in CONFIGS if p in have and modes[mode]]
+    draft_prec = None
+    if m.draft is not None:
+        draft_prec = "int8" if "int8" in m.draft.precisions else m.draft.precisions[0]
+    for r in rows:
+        r.target = open_decoder(bundle, "target", r.precision, threads, name=r.name)
+        if r.mode == "draft":
+            r.draft = open_decoder(bundle, "draft", draft_prec, threads, name=f"{r.name} draft")
+            r.controller = AdaptiveK()
+    return rows
+
+
+def _timed(row: Row, prefix, new_tokens: int, k, cold: bool):
+    c0 = time.thread_time_ns()
+    res = row.decode(prefix, new_tokens, k, cold)
+    row.cpu_s += (time.thread_time_ns() - c0) / 1e9
+    row.decisions += 1
+    row.tokens += res.stats.new_tokens
+    return res
+
+
 def run_bench(bundle: Bundle, decisions: int, rounds: int, new_tokens: int, threads: int,
               k: int | None, show_progress: bool = True) -> dict:
     prefixes = decision_prefixes(bundle, decisions)
-    targets = {p: open_decoder(bundle, "target", p, threads) for p in ("fp32", "int8", "int4")
-               if p in bundle.manifest.target.files}
-    draft_prec = "int8" if "int8" in bundle.manifest.draft.files else next(iter(bundle.manifest.draft.files))
-    draft = open_decoder(bundle, "draft", draft_prec, threads)
-    rows = [Row(n, p, s) for n, p, s in CONFIGS if p in targets]
-    controllers = {r.name: AdaptiveK() for r in rows if r.speculative}
-    # warm up every session (first ORT runs allocate arenas)
-    for r in rows:
+    rows = make_rows(bundle, threads)
+    meter = EnergyMeter()
+    for r in rows:  # warm up every session (first ORT runs allocate arenas)
         for prefix in prefixes[:2]:
-            _decode(r, targets, draft, controllers, prefix, new_tokens, k)
+            r.decode(prefix, new_tokens, k, cold=True)
     t_start = time.monotonic()
     for rnd in range(rounds):
         per_round = {r.name: [0, 0.0, 0, 0.0] for r in rows}  # tokens, wall ms, decode tokens, decode ms
         for i, prefix in enumerate(prefixes):
             for r in rows:
-                res = _decode(r, targets, draft, controllers, prefix, new_tokens, k)
-                s = res.stats
-                r.decision_ms.append(s.wall_ms)
-                r.ttft_ms.append(s.ttft_ms)
-                acc = per_round[r.name]
-                acc[0] += s.new_tokens
-                acc[1] += s.wall_ms
-                acc[2] += s.new_tokens - 1
-                acc[3] += s.wall_ms - s.ttft_ms
-                if rnd == 0:
-                    r.outputs.append(res.tokens)
-                r.accepted += s.new_tokens - 1
-                r.verify_passes += s.verify_passes
-                r.proposed += s.proposed
-                r.draft_accepted += s.accepted
+                r.cold_ms.append(_timed(r, prefix, new_tokens, k, cold=True).stats.wall_ms)
+        for i, prefix in enumerate(prefixes):  # warm: frame i after frame i - 1, as in the node
+            for r in rows:
+                res = _timed(r, prefix, new_tokens, k, cold=False)
+                _record(r, res, per_round[r.name], rnd == 0)
             if show_progress:
                 progress(f"round {rnd + 1}/{rounds}  decision {i + 1}/{len(prefixes)}  "
                          f"{time.monotonic() - t_start:5.1f} s")
@@ -132,20 +180,27 @@ def run_bench(bundle: Bundle, decisions: int, rounds: int, new_tokens: int, thre
             r.decode_tok_s.append(dtok / dms * 1e3 if dms > 0 else float("nan"))
     if show_progress:
         progress("", end="\n")
+    meter.update()
     plain = {r.precision: r.outputs for r in rows if not r.speculative}
-    out_rows = [r.summary(rows[0].outputs, plain[r.precision]) for r in rows]
-    return _report(bundle, out_rows, targets, new_tokens, len(prefixes), rounds, threads)
+    out_rows = [r.summary(rows[0].outputs, plain[r.precision], meter) for r in rows]
+    return _report(bundle, out_rows, {r.precision: r.target for r in rows}, new_tokens, len(prefixes), rounds,
+                   threads)
 
 
-def _decode(row: Row, targets, draft, controllers, prefix, new_tokens, k):
-    """One decision from a cold cache: rows share sessions, and a prefix cached by the previous
-    row would otherwise skip the prefill a new camera frame always pays."""
-    target = targets[row.precision]
-    target.reset()
-    draft.reset()
-    if row.speculative:
-        return speculate(draft, target, prefix, new_tokens, k=k, controller=controllers[row.name])
-    return greedy(target, prefix, new_tokens)
+def _record(r: Row, res, acc: list, first_round: bool) -> None:
+    s = res.stats
+    r.decision_ms.append(s.wall_ms)
+    r.ttft_ms.append(s.ttft_ms)
+    acc[0] += s.new_tokens
+    acc[1] += s.wall_ms
+    acc[2] += s.new_tokens - 1
+    acc[3] += s.wall_ms - s.ttft_ms
+    if first_round:
+        r.outputs.append(res.tokens)
+    r.accepted += s.new_tokens - 1
+    r.verify_passes += s.verify_passes
+    r.proposed += s.proposed
+    r.draft_accepted += s.accepted
 
 
 def _report(bundle, rows, targets, new_tokens, n_prefixes, rounds, threads) -> dict:
@@ -183,23 +238,26 @@ def _report(bundle, rows, targets, new_tokens, n_prefixes, rounds, threads) -> d
 
 
 def print_report(rep: dict) -> None:
-    head = ["config", "decode tok/s (min-max)", "tok/s incl. prefill", "ms/decision p50", "p99",
-            "TTFT ms", "mean acc.", "= std", "= plain"]
+    head = ["config", "decode tok/s (min-max)", "tok/s incl. prefill", "ms/decision p50", "p99", "cold p50",
+            "TTFT ms", "mean acc.", "CPU ms", "mJ", "= std", "= plain"]
     body = []
     for r in rep["rows"]:
         body.append([r["name"],
                      f"{r['decode_tokens_per_s']:8.0f} ({r['decode_tokens_per_s_min']:.0f}-{r['decode_tokens_per_s_max']:.0f})",
                      f"{r['tokens_per_s']:.0f}", f"{r['decision_ms_p50']:.2f}", f"{r['decision_ms_p99']:.2f}",
-                     f"{r['ttft_ms_p50']:.2f}",
+                     f"{r['cold_decision_ms_p50']:.2f}", f"{r['ttft_ms_p50']:.2f}",
                      "-" if r["mean_accepted"] is None else f"{r['mean_accepted']:.2f}",
+                     f"{r['cpu_ms_per_decision']:.2f}", f"{1e3 * r['joules_per_decision']:.1f}",
                      f"{r['match_standard']:.0%}", f"{r['match_plain_same_target']:.0%}"])
     print(f"\nbundle {rep['bundle']} ({rep['task']}): {rep['decisions']} decisions x {rep['rounds']} rounds, "
-          f"{rep['new_tokens']} tokens each, {rep['threads']} thread(s)")
+          f"{rep['new_tokens']} tokens each, {rep['threads']} thread(s); ms/decision warm (static prefix kept, "
+          f"as in the node), cold = empty cache")
     print(table(head, body))
     ra = rep["ratios"]
     print(f"speculative vs plain (same target): {ra['speculative_vs_plain']:.2f}x   "
           f"ultrafast ({rep['ultrafast']}) vs standard: {ra['ultrafast_vs_standard']:.2f}x decode tok/s, "
-          f"{ra['ultrafast_vs_standard_decision']:.2f}x ms/decision")
+          f"{ra['ultrafast_vs_standard_decision']:.2f}x ms/decision; mean accepted {rep['mean_accepted']:.2f}")
+    print(f"energy: {rep['rows'][0]['joules_per_decision_basis']} ({rep['rows'][0]['energy_assumption']})")
     for prec, s in rep["weight_streaming"].items():
         print(f"  {prec}: {s['per_token_ms']:.3f} ms/token vs {s['stream_ms']:.3f} ms to stream "
               f"{s['weight_bytes'] / 1e6:.1f} MB at {rep['memory_bandwidth_gbs']:.1f} GB/s -> {s['ratio']:.2f}x")
@@ -207,8 +265,8 @@ def print_report(rep: dict) -> None:
 
 def run(args: argparse.Namespace) -> int:
     bundle = Bundle.load(args.bundle or default_bundle())
-    if bundle.manifest.draft is None:
-        raise ValueError(f"bundle {bundle.root} has no draft decoder: nothing to speculate with")
+    if bundle.manifest.draft is None and not bundle.manifest.target.draft_heads:
+        raise ValueError(f"bundle {bundle.root} has neither draft heads nor a draft decoder: nothing to speculate with")
     n_actions = len(bundle.manifest.actions)
     new_tokens = args.new_tokens or n_actions or 32
     decisions = args.decisions or (12 if args.quick else 40)
