@@ -74,7 +74,7 @@ class NodeStats:
 
     # -- message ---------------------------------------------------------------------------------
     def to_msg(self, stamp, state: str, config_error: str, extra: dict[str, dict[str, float]],
-               superseded: int) -> DiagnosticArray:
+               superseded: int, node_extra: dict[str, str] | None = None) -> DiagnosticArray:
         now = time.monotonic_ns()
         out = DiagnosticArray()
         out.header.stamp = stamp
@@ -89,6 +89,7 @@ class NodeStats:
                   ("superseded_frames", superseded), ("offered_deadline_missed", self.offered_deadline_missed),
                   ("sensor_timeout", self.sensor_timeout), ("errors", self.errors)]
             kv += [(f"rejected.{k}", v) for k, v in sorted(self.rejected.items())]
+            kv += list((node_extra or {}).items())
             out.status.append(_status(node_level, "sol_control: node", msg, kv))
             for task, t in sorted(self.tasks.items()):
                 lat = np.fromiter(t.latency_ms, float) if t.latency_ms else np.array([math.nan])
