@@ -114,6 +114,10 @@ def test_pick_station_holds_while_the_grasp_node_is_gone():
     back = cell.step_until_event(1.0)
     assert any(e["type"] == "pick_trigger" for e in back)         # the same scene, imaged again
     assert cell.pick.scene_id == hold[0]["scene_id"]
+    retry_s = cell.cfg.pick.hold_retry_s                           # no decision yet: it looks again
+    again = cell.step_until_event(2 * retry_s)
+    assert [e["type"] for e in again][-1:] == ["pick_trigger"] and again[-1]["scene_id"] == cell.pick.scene_id
+    assert again[-1]["t_s"] - back[-1]["t_s"] == pytest.approx(retry_s, abs=cell.cfg.control_period_s)
     assert cell.apply_grasp(oracle.grasp_decision(cell))
 
 

@@ -8,8 +8,10 @@ Poses are in frame `pick_table` (the pick model's world frame). A new scene reco
 
 While the grasp node's liveliness is lost the station holds: no new grasp starts, the camera is not
 triggered, a scene waiting for its decision goes back to waiting (its image's decision will not
-come), and once a node is back the scene is imaged again and decided as usual. A sequence already
-running completes: its decision was on time and valid, and the arm controller is still there.
+come), and once a node is back the scene is imaged again and decided as usual; until the first
+decision after an outage arrives the camera looks again every `hold_retry_s` (a node that was just
+respawned may drop the first frames while DDS rediscovers the cell). A sequence already running
+completes: its decision was on time and valid, and the arm controller is still there.
 """
 from __future__ import annotations
 
@@ -78,6 +80,8 @@ class PickStation:
         self.holds = 0                                # consecutive holds on the current scene
         self.controller_alive = True                  # the grasp node's liveliness, as the cell sees it
         self.outage_holds = 0                         # decisions waited for when the node was lost
+        self.look_again = False                       # after an outage: re-trigger until a decision comes
+        self.trigger_t_s = 0.0
         self._load([], t_s=0.0)
 
     # ---- model --------------------------------------------------------------------------------
@@ -130,13 +134,19 @@ class PickStation:
             self.state, self.state_t_s = "settle", t_s
         elif self.state == "settle" and t_s - self.state_t_s >= self.cfg.settle_s - 1e-9 and self.controller_alive:
             self.state, self.state_t_s = "ready", t_s
-            events.append({"type": "pick_trigger", "scene_id": self.scene_id, "t_s": t_s})
+            events.append(self._trigger(t_s))
         elif self.state == "ready" and t_s - self.state_t_s >= self.cfg.decision_timeout_s:
             events.append(self._outcome(t_s, "no_decision"))
             self.state = "spawn"
+        elif self.state == "ready" and self.look_again and t_s - self.trigger_t_s >= self.cfg.hold_retry_s - 1e-9:
+            events.append(self._trigger(t_s))
         elif self.state == "run":
             events += self._run(t_s)
         return events
+
+    def _trigger(self, t_s: float) -> dict:
+        self.trigger_t_s = t_s
+        return {"type": "pick_trigger", "scene_id": self.scene_id, "t_s": t_s}
 
     def _run(self, t_s: float) -> list[dict]:
         seg = self.segments[0]
@@ -183,6 +193,7 @@ class PickStation:
         """The grasp node's liveliness changed. Lost while waiting for a decision: hold, and image
         the scene again once a node is back (returns the hold event)."""
         self.controller_alive = alive
+        self.look_again = alive
         if alive or self.state != "ready":
             return None
         self.outage_holds += 1
@@ -194,6 +205,7 @@ class PickStation:
         node's liveliness is lost: nothing new moves)."""
         if self.state != "ready" or not self.controller_alive:
             return False
+        self.look_again = False
         self.command = cmd
         c = self.cfg
         yaw = equivalent_yaw(cmd.yaw_rad, 0.0)
@@ -222,6 +234,7 @@ class PickStation:
         Returns the outcome event then, else None."""
         if self.state != "ready":
             return None
+        self.look_again = False
         self.command = GraspCommand(0, 0, 0, 0, 0, 0, (), dict(info or {}))
         self.holds += 1
         if self.holds >= self.cfg.max_holds:
