@@ -5,12 +5,16 @@
 Arguments: namespace, params_file (default: the package's config/sol_control.yaml), autostart
 (false: leave the transitions to a lifecycle manager), dds_profile (Fast DDS XML profile exported as
 FASTDDS_DEFAULT_PROFILES_FILE; default: the package's shared-memory + loopback profile).
+A node that dies is started again after RESPAWN_DELAY_S; with autostart it configures and
+activates itself (docs/RELIABILITY.md, "The coprocessor killed").
 """
 from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument, SetEnvironmentVariable
 from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
 from launch_ros.actions import LifecycleNode
 from launch_ros.substitutions import FindPackageShare
+
+RESPAWN_DELAY_S = 0.5
 
 
 def generate_launch_description() -> LaunchDescription:
@@ -35,5 +39,7 @@ def generate_launch_description() -> LaunchDescription:
             namespace=namespace,
             parameters=[params_file, {"autostart": autostart}],
             output="screen",
+            respawn=True,
+            respawn_delay=RESPAWN_DELAY_S,
         ),
     ])

@@ -20,6 +20,7 @@ from launch_ros.actions import LifecycleNode, Node
 from launch_ros.substitutions import FindPackageShare
 
 CAMERAS = {"qc": "qc", "grasp": "pick"}
+RESPAWN_DELAY_S = 0.5      # a node that dies is started again (autostart: configured and active)
 BELT_TOPIC = "/model/conveyor/link/frame/track_cmd_vel"
 
 
@@ -33,6 +34,8 @@ def coprocessor(task: str, params_file) -> LifecycleNode:
                                   "deadline.sensor_timeout_ms": 600000.0}],
         remappings=[("camera/image_raw", f"{CAMERAS[task]}/camera/image_raw")],
         output="screen",
+        respawn=True,
+        respawn_delay=RESPAWN_DELAY_S,
     )
 
 

@@ -187,6 +187,16 @@ class FaultInjection(Strict):
     full_delay_ms: float = Field(0.0, ge=0.0, le=60000.0, description="TEST ONLY: sleep added inside the full-precision planner (ms)")
 
 
+class QoSConfig(Strict):
+    """DDS QoS of the decision topics (docs/ROS_INTERFACE.md, "Liveliness")."""
+
+    liveliness_lease_ms: float = Field(
+        500.0, json_schema_extra=STRUCT, ge=0.0, le=600000.0,
+        description="AUTOMATIC liveliness lease offered on the decision topics: a subscriber that requests a "
+                    "lease >= this learns within it that the node is gone (keep it well under a part's "
+                    "camera-to-ejector transit); 0 = no lease (infinite) (ms)")
+
+
 class NodeConfig(Strict):
     mode: Literal["qc", "grasp", "both"] = Field("both", json_schema_extra=STRUCT, description="which decisions to make: qc, grasp or both")
     nice: int = Field(0, json_schema_extra=STRUCT, ge=-20, le=19,
@@ -206,6 +216,7 @@ class NodeConfig(Strict):
     energy: EnergyConfig = EnergyConfig()
     inputs: InputConfig = InputConfig()
     fault_injection: FaultInjection = FaultInjection()
+    qos: QoSConfig = QoSConfig()
 
     @property
     def tasks(self) -> tuple[Task, ...]:

@@ -62,7 +62,9 @@ class TaskPipeline:
         cfg: NodeConfig = config_fn()
         self._config_fn = config_fn
         self.task = task
+        t0 = time.perf_counter()
         self.bundle = Bundle.load(bundle_dir)  # verifies every sha256 before any session exists
+        self.bundle_check_s = time.perf_counter() - t0
         if self.bundle.manifest.task != task:
             raise ValueError(f"{task}.bundle {bundle_dir} holds a {self.bundle.manifest.task!r} model, not {task}")
         self.observation = ObservationTokenizer.from_bundle(self.bundle)
@@ -75,6 +77,7 @@ class TaskPipeline:
             self.auditor = Auditor(FullPrecisionPlanner(self.bundle, n, cfg.decoding, tag="-audit"), self.actions)
         self.guard = DeadlineGuard(task, self.fast, self.full, self.actions, config_fn,
                                    audit=self.auditor.submit if self.auditor else None)
+        self.sessions_s = time.perf_counter() - t0 - self.bundle_check_s  # tokenizers, sessions, caches
 
     def prefix(self, telemetry: Telemetry) -> np.ndarray:
         frame = telemetry.frame
@@ -141,6 +144,11 @@ class Coprocessor:
                 p.guard.measure_fast(prefix, Budget.unlimited(self.clock))
                 out[task] = p.guard.measure_full(prefix, Budget.unlimited(self.clock))
         return out
+
+    def load_times_s(self) -> dict[str, float]:
+        """Where configure's time went, summed over tasks: sha256 checks, then sessions (and the rest)."""
+        return {"bundle_check": sum(p.bundle_check_s for p in self.pipelines.values()),
+                "sessions": sum(p.sessions_s for p in self.pipelines.values())}
 
     def budget_for(self, task: str, telemetry: Telemetry) -> Budget:
         return Budget.after_ms(self._cfg.deadline.for_task(task), start_ns=telemetry.frame.start_mono_ns,

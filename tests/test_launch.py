@@ -72,6 +72,30 @@ def test_xml_launch_file_matches():
     assert n.get("pkg") == "sol_control" and n.get("exec") in console_scripts() and n.get("name") == "sol_control"
 
 
+def test_every_coprocessor_launch_respawns_like_the_demo():
+    """launch/ starts a coprocessor that died again after the delay the demo's own supervisor uses;
+    autostart (on in every launch file) configures and activates the new process."""
+    from sol_control.sim.supervisor import RESPAWN_DELAY_S
+
+    for name in ("coprocessor.launch.py", "sim_demo.launch.py", "gazebo_cell.launch.py"):
+        tree = ast.parse((REPO / "launch" / name).read_text())
+        consts = {n.targets[0].id: n.value.value for n in tree.body
+                  if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)}
+        nodes = [{k.arg: k.value for k in c.keywords} for c in _calls(tree, "LifecycleNode")]
+        assert nodes, name
+        for kw in nodes:
+            assert kw["executable"].value == "coprocessor" and kw["respawn"].value is True, name
+            delay = kw["respawn_delay"]
+            assert (consts[delay.id] if isinstance(delay, ast.Name) else delay.value) == RESPAWN_DELAY_S, name
+            assert "autostart" in ast.unparse(kw["parameters"]), name
+    for name in ("coprocessor.launch.xml", "gazebo_cell.launch.xml"):
+        nodes = [n for n in ET.parse(REPO / "launch" / name).getroot().iter("node") if n.get("exec") == "coprocessor"]
+        assert nodes, name
+        for n in nodes:
+            assert n.get("respawn") == "true" and float(n.get("respawn_delay")) == RESPAWN_DELAY_S, name
+            assert any(p.get("name") == "autostart" for p in n.findall("param")), name
+
+
 def test_setup_installs_launch_and_config():
     text = (REPO / "setup.py").read_text()
     assert '"launch/*"' in text and '"config/*"' in text

@@ -336,9 +336,12 @@ def _state(client) -> str:
 
 
 def test_lifecycle_transitions_over_ros():
+    from diagnostic_msgs.msg import DiagnosticStatus
     from lifecycle_msgs.msg import Transition
+    from rclpy.qos import LivelinessPolicy
 
     from sol_control.ros.convert import image_to_ros
+    from sol_control.ros.liveliness import DecisionWatch
 
     lc = Harness(DOMAIN_LIFECYCLE, {**(BUNDLES or {}), **BASE, "mode": "qc", "qc.bundle": "/nonexistent/bundle"},
                  autostart=False)
@@ -352,12 +355,21 @@ def test_lifecycle_transitions_over_ros():
         good = (BUNDLES or {}).get("qc.bundle", "")
         assert set_params(lc, qc__bundle=good)[0].successful
         assert _change(c, Transition.TRANSITION_CONFIGURE) and _state(c) == "inactive"
+        # a line controller's view (sol_control.ros.liveliness): no decision publisher until active
+        changes: list[bool] = []
+        watch = DecisionWatch(c, DiagnosticStatus, "qc/verdict", lambda m: None, 500.0, changes.append)
+        assert c.count_publishers("qc/verdict") == 0 and not watch.alive
         assert _change(c, Transition.TRANSITION_ACTIVATE) and _state(c) == "active"
+        assert wait_for(lambda: changes == [True], 10.0), changes       # the event arrives
+        offered = c.get_publishers_info_by_topic("qc/verdict")[0].qos_profile
+        assert offered.liveliness == LivelinessPolicy.AUTOMATIC
+        assert offered.liveliness_lease_duration.nanoseconds == 500_000_000   # qos.liveliness_lease_ms
         assert wait_for(lambda: lc.pub_image.get_subscription_count() > 0, 5.0)
         time.sleep(0.3)
         lc.pub_image.publish(image_to_ros(qc_image(0), now_ns(c), "qc_camera"))
         assert wait_for(lambda: lc.count("qc") >= 1, 10.0)
         assert _change(c, Transition.TRANSITION_DEACTIVATE) and _state(c) == "inactive"
+        assert wait_for(lambda: changes == [True, False], 10.0), changes  # deactivated: gone at once
         n = lc.count("qc")
         lc.pub_image.publish(image_to_ros(qc_image(1), now_ns(c), "qc_camera"))
         time.sleep(0.5)

@@ -41,8 +41,9 @@ def test_bridge_lockstep_over_ros_with_oracle_controller(tmp_path):
         probe.create_subscription(JointState, "joint_states", lambda m: seen["joints"].append(m), q)
         probe.create_subscription(JointState, "conveyor/joint_states", lambda m: seen["conveyor"].append(m), q)
         bag = tmp_path / "bag"
-        bridge = CellBridge(BridgeConfig(mode="lockstep", duration_s=14.0, record_path=str(bag), cell={"seed": 3}),
-                            node)
+        # the oracle is in this process: no liveliness lease (sol_control.ros.liveliness)
+        bridge = CellBridge(BridgeConfig(mode="lockstep", duration_s=14.0, record_path=str(bag), cell={"seed": 3},
+                                         liveliness_lease_ms=0.0), node)
         OracleController(oracle_node, bridge.cell)
         executor = SingleThreadedExecutor()
         for n in (node, oracle_node, probe):

@@ -104,8 +104,10 @@ class NodeStats:
 
     # -- message ---------------------------------------------------------------------------------
     def to_msg(self, stamp, state: str, config_error: str, extra: dict[str, dict[str, float]],
-               superseded: int, energy: EnergyMeter | None = None, line: str = "") -> DiagnosticArray:
-        """`line`: the node's namespace without its leading slash ("" in the root namespace)."""
+               superseded: int, energy: EnergyMeter | None = None, line: str = "",
+               node_extra: dict[str, str] | None = None) -> DiagnosticArray:
+        """`line`: the node's namespace without its leading slash ("" in the root namespace);
+        `node_extra`: more key-values for the node's status (its start-up phases)."""
         now = time.monotonic_ns()
         out = DiagnosticArray()
         out.header.stamp = stamp
@@ -122,6 +124,7 @@ class NodeStats:
             kv += [(f"rejected.{k}", v) for k, v in sorted(self.rejected.items())]
             if energy is not None:
                 kv += [("watts_per_busy_core", f"{energy.watts_per_busy_core:.3f}"), *labels(energy).items()]
+            kv += list((node_extra or {}).items())
             name, hardware_id = (f"{line}/sol_control", line) if line else ("sol_control", "sol_control")
             out.status.append(_status(node_level, f"{name}: node", msg, kv, hardware_id))
             for task, t in sorted(self.tasks.items()):

@@ -8,9 +8,11 @@
     audit thread:    sampled fast decisions recomputed at fp32 (lowest priority)
 
 configure: validate parameters, verify bundles (sha256), build sessions; on failure the node stays
-unconfigured and says why (log + /diagnostics). activate: warm up, start the runners, publish.
-deactivate stops the runners; cleanup/shutdown release sessions and topics. `autostart` (default
-true) does configure + activate at start for users without a lifecycle manager.
+unconfigured and says why (log + /diagnostics). activate: warm up, create the decision publishers,
+start the runners, publish. deactivate stops the runners and destroys the decision publishers, so
+their liveliness (AUTOMATIC, `qos.liveliness_lease_ms`) tells subscribers whether a node that
+decides is there: a dead or inactive node has none. cleanup/shutdown release sessions and topics.
+`autostart` (default true) does configure + activate at start for users without a lifecycle manager.
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ from sol_control.ros.diagnostics import NodeStats
 from sol_control.ros.params import declare_config
 from sol_control.ros.side_streams import SIDE_TYPES, SideStreams
 from sol_control.runner import RunnerHooks, TaskRunner
+from sol_control.startup import Startup
 from sol_control.telemetry import Frame, InputRejected
 
 LOG_EVERY_S = 5.0
@@ -54,6 +57,7 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
     def __init__(self, node_name: str = NODE_NAME, **kwargs: Any):
         LifecycleNode.__init__(self, node_name, **kwargs)
         self.stats = NodeStats()
+        self.startup = Startup()  # process age at each start-up stage (main() marks the first ones)
         self.cop = None
         self.config_error = ""
         self._state = "unconfigured"
@@ -104,7 +108,7 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
             self.cop = None
             return self._configure_failed(f"{type(e).__name__}: {e}")
         self.config_error = ""
-        self._create_publishers(cfg, self.cop.tasks)
+        self.startup.detail.update(self.cop.load_times_s())
         in_qos = qos.sensor_qos(cfg.deadline.max_staleness_ms)
         self.side_streams = SideStreams(self, lambda: self.cfg.inputs, in_qos, self.reject, self.cop.tasks)
         self._subs = [self.create_subscription(kind, topic, callback, in_qos) for (topic, kind), callback
@@ -113,6 +117,7 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
         self._side_timer = self.create_timer(SIDE_POLL_S, self.side_streams.take)
         self.runners = {task: TaskRunner(task, self.cop, self._publish, self) for task in self.cop.tasks}
         self._state = "inactive"
+        self.startup.mark("configure")
         self.get_logger().info(f"configured: mode={cfg.mode}, bundles "
                                + ", ".join(f"{t}={cfg.bundle_dir(t)}" for t in self.cop.tasks))
         return TransitionCallbackReturn.SUCCESS
@@ -123,14 +128,23 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
         return TransitionCallbackReturn.FAILURE
 
     def _create_publishers(self, cfg: NodeConfig, tasks: tuple[str, ...]) -> None:
-        """Decision records carry the offered QoS deadline (and count its misses); markers do not."""
+        """Decision records carry the offered QoS deadline (and count its misses); records and grasp
+        commands offer AUTOMATIC liveliness with the configured lease; markers neither."""
         events = PublisherEventCallbacks(deadline=self._on_offered_deadline_missed)
         for key in sorted({k for task in tasks for k in OUTPUTS_OF[task]}):
             topic, kind = OUTPUTS[key]
             record = key in ("qc", "grasp")
-            out_qos = qos.decision_qos(cfg.deadline.output_deadline_ms if key != "markers" else 0)
+            if key == "markers":
+                out_qos = qos.decision_qos(0.0)
+            else:
+                out_qos = qos.decision_qos(cfg.deadline.output_deadline_ms, cfg.qos.liveliness_lease_ms)
             self._pubs[key] = self.create_lifecycle_publisher(kind, topic, out_qos,
                                                               event_callbacks=events if record else None)
+
+    def _destroy_publishers(self) -> None:
+        for p in self._pubs.values():
+            self.destroy_lifecycle_publisher(p)
+        self._pubs = {}
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         try:
@@ -140,8 +154,13 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
             self.get_logger().error(self.config_error)
             return TransitionCallbackReturn.FAILURE
         self.get_logger().info("warm: full-precision latency " + ", ".join(f"{t} {ms:.1f} ms" for t, ms in warm.items()))
+        self.startup.mark("warmup")
         self.side_streams.clear()
         self._last_frame_stamp_ns = 0  # a restarted (sim) clock must not look like out-of-order frames
+        # decision publishers exist only while active: a subscriber's liveliness event says a node
+        # that decides is (no longer) there
+        self._create_publishers(self.cfg, self.cop.tasks)
+        result = super().on_activate(state)  # activates the lifecycle publishers
         # one runner per task: in mode both, QC and grasp decide the same frame in parallel, each
         # with its own budget from the stamp, instead of grasp getting what QC leaves
         for runner in self.runners.values():
@@ -149,12 +168,20 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
         if self.cfg.nice != 0:
             self._renice(self.cfg.nice)
         self._state = "active"
-        return super().on_activate(state)  # activates the lifecycle publishers
+        self.startup.mark("active")
+        self._log_startup()
+        return result
 
     def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
         self._stop_runners()
+        self._destroy_publishers()
         self._state = "inactive"
         return super().on_deactivate(state)
+
+    def _log_startup(self) -> None:
+        s = self.startup
+        parts = [f"{k} {v:.2f}" for k, v in s.phases_s().items()] + [f"{k} {v:.2f}" for k, v in s.detail.items()]
+        self.get_logger().info(f"active {s.marks['active']:.2f} s after the process started ({', '.join(parts)} s)")
 
     def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
         return self._released("unconfigured")
@@ -193,9 +220,8 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
             self.side_streams = None
         for s in self._subs:
             self.destroy_subscription(s)
-        for p in self._pubs.values():
-            self.destroy_lifecycle_publisher(p)
-        self._subs, self._pubs = [], {}
+        self._subs = []
+        self._destroy_publishers()
         if self.cop is not None:
             self.cop.close()
             self.cop = None
@@ -284,6 +310,8 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
         except Exception as e:  # noqa: BLE001 - e.g. publishers torn down during deactivate
             self.error("publish_error", f"publish failed: {type(e).__name__}: {e}")
         self.stats.record(d)  # after publishing: counting is not on the decision's critical path
+        if d.reason != "sensor_timeout":   # the first decision on a frame
+            self.startup.mark("first_decision", once=True)
 
     def _on_offered_deadline_missed(self, info) -> None:
         self.stats.offered_deadline_missed += int(info.total_count_change)
@@ -296,9 +324,11 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
                 extra[task]["late_results_discarded"] = runner.watchdog.discarded
         err = self.config_error or self._param_error
         self.energy.update()
+        phases = {**self.startup.phases_s(), **self.startup.detail}
+        startup = {f"startup.{k}_s": f"{v:.3f}" for k, v in phases.items()}
         msg = self.stats.to_msg(self.get_clock().now().to_msg(), self._state, err, extra,
                                 sum(r.frames.superseded for r in self.runners.values()), self.energy,
-                                self.get_namespace().strip("/"))
+                                self.get_namespace().strip("/"), startup)
         self._diag_pub.publish(msg)
 
     def _log_limited(self, key: str, text: str) -> None:
@@ -311,9 +341,13 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
 def main(args: list[str] | None = None) -> None:
     from sol_control.coprocessor import share_gil_quickly
 
+    startup = Startup()
+    startup.mark("imports")  # interpreter start and module imports
     share_gil_quickly()  # the executor (images, /clock, timers) and the runners share the GIL
     rclpy.init(args=args)
     node = CoprocessorNode()
+    startup.mark("init")  # rclpy, the node, its parameters
+    node.startup = startup
     executor = SingleThreadedExecutor()
     executor.add_node(node)
     try:

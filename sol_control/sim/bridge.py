@@ -5,7 +5,10 @@ Publishes (sim time):  /clock  qc/camera/image_raw + camera_info  pick/camera/im
   conveyor/joint_states (belt position m, velocity m/s).
 Consumes the coprocessor's decision records:  qc/verdict  and  grasp/decision
   (diagnostic_msgs/DiagnosticStatus, docs/ROS_INTERFACE.md): rejects fire the pusher at
-  eject_time, grasps run the pick sequence, holds replace the scene.
+  eject_time, grasps run the pick sequence, holds replace the scene. Both are subscribed with
+  AUTOMATIC liveliness (`liveliness_lease_ms`): while a task's node is gone the cell fails safe
+  (parts without a pass verdict are diverted at the ejector anyway; the pick station holds), and in
+  lock-step the world waits for it to come back (`controller_wait_s`).
 
 Cameras are triggered like a photo-eye line: one QC image per part centred under the camera, one
 pick image per scene once it has settled. `mode:=lockstep` waits for each decision before time
@@ -28,14 +31,17 @@ from sensor_msgs.msg import CameraInfo, Image, JointState
 
 from sol_control.budget import NS_PER_S
 from sol_control.decision import STAGE_FIELDS
-from sol_control.ros import convert
+from sol_control.ros import convert, qos
+from sol_control.ros.liveliness import DecisionWatch
 from sol_control.sim import scene
 from sol_control.sim.cell import Cell
+from sol_control.sim.clocking import ClockingMixin
 from sol_control.sim.config import BridgeConfig
 from sol_control.sim.pick import GraspCommand
 from sol_control.sim.scoring import decision_stats
 
 TASK_OF_CAMERA = {"qc": "qc", "pick": "grasp"}
+CAMERA_OF_TASK = {task: camera for camera, task in TASK_OF_CAMERA.items()}
 # What cell_sim publishes (key: topic, message type) — what Gazebo + ros_gz_bridge would give.
 PUBLISHED = {"clock": ("/clock", Clock),
              "qc": ("qc/camera/image_raw", Image), "qc_info": ("qc/camera/camera_info", CameraInfo),
@@ -43,7 +49,6 @@ PUBLISHED = {"clock": ("/clock", Clock),
              "joints": ("joint_states", JointState), "gripper": ("gripper/joint_states", JointState),
              "conveyor": ("conveyor/joint_states", JointState)}
 CONSUMED = {"qc": ("qc/verdict", DiagnosticStatus), "grasp": ("grasp/decision", DiagnosticStatus)}
-MAX_LAG_S = 0.5          # realtime: a sim further behind than this drops the backlog (counted)
 
 
 def _qos(depth: int, reliable: bool) -> QoSProfile:
@@ -68,7 +73,7 @@ def camera_info(size_px: int, fov_m: float, stamp_ns: int, frame_id: str) -> Cam
     return msg
 
 
-class CellBridge:
+class CellBridge(ClockingMixin):
     def __init__(self, cfg: BridgeConfig, node: Node, on_event=None):
         self.cfg = cfg
         self.node = node
@@ -82,13 +87,20 @@ class CellBridge:
         sensor, reliable = _qos(1, False), _qos(10, True)
         self.pub = {key: node.create_publisher(kind, topic, reliable if key == "clock" else sensor)
                     for key, (topic, kind) in PUBLISHED.items()}
-        node.create_subscription(CONSUMED["qc"][1], CONSUMED["qc"][0], self._on_verdict, reliable)
-        node.create_subscription(CONSUMED["grasp"][1], CONSUMED["grasp"][0], self._on_grasp, reliable)
+        self.tasks = tuple(t for t, on in (("qc", cfg.cell.qc), ("grasp", cfg.cell.grasp)) if on)
+        self.watch = {task: DecisionWatch(node, kind, topic, handler, cfg.liveliness_lease_ms,
+                                          lambda alive, task=task: self._on_liveliness(task, alive))
+                      for (task, (topic, kind)), handler in zip(CONSUMED.items(), (self._on_verdict, self._on_grasp))}
+        self.awaiting = set(self.tasks)    # lock-step: tasks whose node the world waits for
+        for task in self.tasks:            # no live decision publisher seen yet
+            self.cell.set_controller_alive(task, False)
+        self.before_image: list = []    # callables(task) right before an image goes out (the chaos run's kill)
         self.sent_wall_ns: dict[tuple[str, int], int] = {}   # (task, stamp) → wall time of publish
         self.pending: dict[str, int] = {}                     # task → stamp awaiting its decision
+        self.last_image: dict[str, tuple[float, object]] = {}  # task → (wall s sent, message): resends
         self.decisions: list[dict] = []
         self.counters = {"decision_timeouts": 0, "ignored_decisions": 0, "realtime_lag_s": 0.0,
-                         "images": 0}
+                         "images": 0, "decisions_lost": 0, "resent_images": 0}
         self.image_digest = hashlib.sha256()                  # every published image, in order
         self.events_file = open(cfg.events_path, "a") if cfg.events_path else None
         self.recorder = None
@@ -143,12 +155,27 @@ class CellBridge:
         self.pub_truth.publish(truth)
         self._record_msg("sim/truth", truth)
         msg = convert.image_to_ros(rgb, stamp, frame)
+        for hook in self.before_image:
+            hook(TASK_OF_CAMERA[task])
         # taken right before publish(), which gives the sample its DDS source timestamp: the moment the
         # node starts the budget from under sim time (DDS stamps use this clock)
         self.sent_wall_ns[(TASK_OF_CAMERA[task], stamp)] = time.time_ns()
         self._out(task, msg)
+        self.last_image[TASK_OF_CAMERA[task]] = (time.monotonic(), msg)
         self.pending[TASK_OF_CAMERA[task]] = stamp
         self.counters["images"] += 1
+
+    def republish_image(self, task: str) -> None:
+        """The last frame of `task` once more (the same message: a resend, not a new photo), after
+        the time: a node that has only just matched /clock would refuse it as from the future."""
+        msg = self.last_image[task][1]
+        self.publish_clock()
+        self.pub[CAMERA_OF_TASK[task]].publish(msg)
+        self.last_image[task] = (time.monotonic(), msg)
+        self.counters["resent_images"] += 1
+
+    def ros_ok(self) -> bool:
+        return rclpy.ok()
 
     def truth(self, camera: str, stamp_ns: int) -> DiagnosticStatus:
         """Ground truth for the image just taken (evaluation and replay only; the node never sees it)."""
@@ -221,6 +248,15 @@ class CellBridge:
             rec["accepted"] = self.cell.apply_grasp(cmd)
         self._emit(rec)
 
+    def _on_liveliness(self, task: str, alive: bool) -> None:
+        """A task's node appeared or is gone (DDS liveliness): the cell acts on it, lock-step waits."""
+        self._emit({"type": "liveliness", "task": task, "alive": alive, "t_s": self.cell.time_s})
+        for event in self.cell.set_controller_alive(task, alive):
+            self._emit(event)
+        if not alive and task in self.tasks:
+            self.awaiting.add(task)
+
+
     def _emit(self, event: dict) -> None:
         if event["type"] == "decision":
             self.decisions.append(event)
@@ -228,71 +264,14 @@ class CellBridge:
             self.events_file.write(json.dumps(event, default=float) + "\n")
         self.on_event(event)
 
-    # ---- stepping -----------------------------------------------------------------------------
-    def _step(self) -> list[str]:
-        """One sim step; returns the cameras that triggered."""
-        triggered = []
-        for e in self.cell.step():
-            if e["type"] == "qc_trigger":
-                triggered.append("qc")
-            elif e["type"] == "pick_trigger":
-                triggered.append("pick")
-            else:
-                self._emit(e)
-        if self.cell.n_steps % self.state_steps == 0:
-            self.publish_state()
-        elif self.cell.n_steps % self.clock_steps == 0:
-            self.publish_clock()
-        return triggered
-
-    def _done(self, should_stop) -> bool:
-        d = self.cfg.duration_s
-        return (d > 0 and self.cell.time_s >= d) or should_stop() or not rclpy.ok()
-
-    def run(self, executor, should_stop=lambda: False) -> dict:
-        if self.cfg.mode == "lockstep":
-            self._run_lockstep(executor, should_stop)
-        else:
-            self._run_realtime(executor, should_stop)
-        return self.summary()
-
-    def _run_lockstep(self, executor, should_stop) -> None:
-        while not self._done(should_stop):
-            for cam in self._step():
-                self.publish_image(cam)
-            if not self.pending:
-                continue
-            deadline = time.monotonic() + self.cfg.decision_timeout_s
-            while self.pending and time.monotonic() < deadline and not should_stop():
-                executor.spin_once(timeout_sec=0.005)
-            for task in list(self.pending):       # no answer: the frame goes undecided
-                self.counters["decision_timeouts"] += 1
-                del self.pending[task]
-
-    def _run_realtime(self, executor, should_stop) -> None:
-        """Step while behind the wall clock, one physics step at a time, so sim time (and /clock)
-        never runs ahead of the wall by more than a step; serve ROS every control tick."""
-        wall0, sim0 = time.monotonic(), self.cell.time_s
-        tick_s = self.cfg.cell.control_period_s
-        while not self._done(should_stop):
-            ahead_s = self.cell.time_s - (sim0 + (time.monotonic() - wall0) * self.cfg.rate)
-            if ahead_s > 0:
-                executor.spin_once(timeout_sec=min(ahead_s / self.cfg.rate, tick_s))
-                continue
-            if -ahead_s > MAX_LAG_S:                  # too slow: drop the backlog, count it
-                self.counters["realtime_lag_s"] += -ahead_s
-                wall0, sim0 = time.monotonic(), self.cell.time_s
-            for cam in self._step():
-                t0 = time.monotonic()
-                self.publish_image(cam)
-                wall0 += time.monotonic() - t0        # sim time stands still while the camera renders:
-            if self.cell.n_steps % self.steps_per_tick == 0:   # the image is published at its stamp
-                executor.spin_once(timeout_sec=0.0)
-
+    # ---- stepping and waiting: sim/clocking.py (ClockingMixin) ----------------------------------
     def summary(self) -> dict:
         out = self.cell.tally.summary()
-        out.update(decision_stats(self.decisions))
+        out.update(decision_stats(self.decisions, self.cell.time_s))
         out.update(self.counters)
+        out["liveliness"] = {t: {"lost": w.lost, "regained": w.regained, "incompatible": w.incompatible}
+                             for t, w in self.watch.items() if t in self.tasks}
+        out["lost_frames"] = sorted([task, stamp / NS_PER_S] for task, stamp in self.sent_wall_ns)
         out["sim_time_s"] = self.cell.time_s
         out["image_sha256"] = self.image_digest.hexdigest()
         return out
@@ -313,13 +292,13 @@ class OracleController:
     (qc/verdict, grasp/decision) with source "oracle", reading the truth from an in-process cell.
     """
 
-    def __init__(self, node: Node, cell: Cell):
+    def __init__(self, node: Node, cell: Cell, lease_ms: float = 0.0):
         from sol_control.actions import GraspDecision, QCVerdict
         from sol_control.decision import Decision
 
         self.node, self.cell = node, cell
         self._types = (Decision, QCVerdict, GraspDecision)
-        out = _qos(10, True)
+        out = qos.decision_qos(0.0, lease_ms)   # in-process: no lease (sol_control.ros.liveliness)
         self.pub_qc = node.create_publisher(DiagnosticStatus, "qc/verdict", out)
         self.pub_grasp = node.create_publisher(DiagnosticStatus, "grasp/decision", out)
         node.create_subscription(Image, "qc/camera/image_raw", self._on_qc, _qos(1, False))
@@ -375,9 +354,12 @@ class Session:
     """One run of the cell on ROS: its own rclpy context, the `cell_sim` node, an executor and
     (with `oracle`) the ground-truth controller. `with Session(cfg, domain_id) as s: s.run(...)`."""
 
-    def __init__(self, cfg: BridgeConfig, domain_id: int, oracle: bool = False):
+    def __init__(self, cfg: BridgeConfig, domain_id: int, oracle: bool = False, listeners=()):
+        if oracle:   # the oracle runs in this process: liveliness from matching only (ros/liveliness.py)
+            cfg = cfg.model_copy(update={"liveliness_lease_ms": 0.0})
         self.cfg, self.domain_id, self.oracle = cfg, domain_id, oracle
         self.events: list[dict] = []
+        self.listeners = listeners      # more callables(event), e.g. the chaos run's monitor
         self.bridge: CellBridge | None = None
 
     def __enter__(self) -> "Session":
@@ -388,7 +370,7 @@ class Session:
         self.executor = SingleThreadedExecutor()
         self.executor.add_node(self.node)
         try:
-            self.bridge = CellBridge(self.cfg, self.node, on_event=self.events.append)
+            self.bridge = CellBridge(self.cfg, self.node, on_event=self._on_event)
             if self.oracle:
                 oracle_node = rclpy.create_node("oracle_controller")
                 OracleController(oracle_node, self.bridge.cell)
@@ -397,6 +379,11 @@ class Session:
             self.__exit__(None, None, None)
             raise
         return self
+
+    def _on_event(self, event: dict) -> None:
+        self.events.append(event)
+        for listener in self.listeners:
+            listener(event)
 
     def wait_active(self, node_names: list[str], timeout_s: float, alive=lambda: True) -> dict:
         return wait_active(self.node, self.executor, node_names, timeout_s, alive)

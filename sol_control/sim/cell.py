@@ -143,13 +143,29 @@ class Cell:
         return v * self.time_s, v
 
     # ---- commands -----------------------------------------------------------------------------
+    def set_controller_alive(self, task: str, alive: bool) -> list[dict]:
+        """The liveliness of the node deciding `task` (qc | grasp) changed (the line controller's
+        view: a DDS liveliness event). Returns the events it caused."""
+        if task == "qc" and self.conveyor is not None:
+            self.conveyor.set_controller_alive(alive)
+        if task == "grasp" and self.pick is not None:
+            event = self.pick.set_controller_alive(alive, self.time_s)
+            if event is not None:
+                self.tally.add(event)
+                return [event]
+        return []
+
     def apply_qc_verdict(self, verdict: str, eject_time_s: float | None, stamp_s: float | None = None,
                          info: dict | None = None) -> int | None:
-        """verdict pass | reject | uncertain; returns the id of the part it was matched to."""
+        """verdict pass | reject | uncertain; returns the id of the part it was matched to (None:
+        no part, or the part was past its divert cutoff: `late_verdicts`)."""
         if verdict not in ("pass", "reject", "uncertain"):
             raise ValueError(f"verdict must be pass|reject|uncertain, got {verdict!r}")
+        late = self.conveyor.late_verdicts
         part_id = self.conveyor.apply_verdict(verdict, eject_time_s, stamp_s, self.time_s, info)
-        if part_id is None:
+        if self.conveyor.late_verdicts > late:
+            self.tally.late_verdicts += 1
+        elif part_id is None:
             self.tally.unmatched_verdicts += 1
         return part_id
 

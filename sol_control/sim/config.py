@@ -75,6 +75,13 @@ class BridgeConfig(BaseModel):
                                   description="joint_states, gripper and conveyor period (lockstep: /clock too)")
     decision_timeout_s: float = Field(5.0, gt=0.0, le=600.0,
                                       description="lockstep: wall seconds to wait for a decision")
+    liveliness_lease_ms: float = Field(500.0, ge=0.0, le=600000.0,
+                                       description="AUTOMATIC liveliness lease requested on qc/verdict and "
+                                                   "grasp/decision; must be >= the nodes' qos.liveliness_lease_ms; "
+                                                   "0 = none (a node counts as there while matched)")
+    controller_wait_s: float = Field(60.0, ge=0.0, le=3600.0,
+                                     description="lockstep: wall seconds the world waits for a decision node "
+                                                 "whose liveliness is lost (e.g. while it respawns)")
     events_path: str = Field("", description="append outcome/decision events here as JSON lines")
     record_path: str = Field("", description="record telemetry, truth and decisions as rosbag2 MCAP here")
     cell: CellConfig = CellConfig()

@@ -3,6 +3,13 @@
 Parts ride the belt as mocap bodies (x = spawn_x + v * t). A part centred under the QC camera
 fires a trigger (like a photo-eye); verdicts arrive with an `eject_time_s` (sim time at which the
 part reaches the pusher) and fire the pusher then. Outcomes come from where the part ends up.
+
+Fail-safe rule (positive release, what a PLC does): only a `pass` lets a part through. At the
+divert cutoff, the last moment the pusher can still be started for a part (its arrival at the
+ejector minus the pusher's lead), a part without a verdict, with `uncertain`, or with a reject the
+node gave no eject time for, is pushed off by the cell itself; a verdict that arrives later is
+ignored (`late_verdicts`). A part that was between the camera and the cutoff while the QC node's
+liveliness was lost is counted `outage_diverted`, apart from the accuracy figures.
 """
 from __future__ import annotations
 
@@ -34,6 +41,10 @@ class BeltPart:
     verdict_info: dict = field(default_factory=dict)
     pushed: bool = False
     done: bool = False
+    push_scheduled: bool = False        # the pusher is set for this part (reject with eject time, or divert)
+    cut_off: bool = False               # past the divert cutoff: later verdicts are ignored
+    diverted_t_s: float | None = None   # when the cell decided to divert it (no pass verdict by the cutoff)
+    outage: bool = False                # the QC node's liveliness was lost between camera and cutoff
 
 
 def _inner_px() -> int:
@@ -56,9 +67,13 @@ def part_texture(part: QCPart, belt_rgb) -> np.ndarray:
     return np.clip(np.rint(rgb), 0, 255).astype(np.uint8)
 
 
-def outcome_of(defective: bool, rejected: bool, verdict: str | None) -> str:
+def outcome_of(defective: bool, rejected: bool, verdict: str | None, outage: bool = False) -> str:
+    """no_verdict / outage_diverted: pushed off for want of a verdict (the node alive / gone);
+    unverified_pass: left the line at the end without a pass verdict (the fail-safe rule failed)."""
+    if verdict in (None, "uncertain") and not rejected:
+        return "unverified_pass"
     if verdict is None:
-        return "no_verdict"
+        return "outage_diverted" if outage else "no_verdict"
     if verdict == "uncertain":
         return "manual"
     if rejected:
@@ -88,9 +103,32 @@ class Conveyor:
         self.tex = {i: mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_TEXTURE, f"part_tex{i}")
                     for i in range(scene.PART_SLOTS)}
         self.pusher_mocap = model.body_mocapid[mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, "pusher")]
+        # the pusher leaves its rest this long before its paddle crosses the belt centre
+        self.pusher_lead_s = cfg.pusher_stroke_s * -scene.PUSHER_REST_Y_M / (scene.PUSHER_REACH_Y_M - scene.PUSHER_REST_Y_M)
+        self.controller_alive = True        # the QC node's liveliness, as the line controller sees it
+        self.late_verdicts = 0
+
+    def set_controller_alive(self, alive: bool) -> None:
+        """The QC node's liveliness changed; parts between camera and cutoff now are outage parts."""
+        self.controller_alive = alive
+        if not alive:
+            for bp in self.parts:
+                if bp.triggered and not bp.cut_off:
+                    bp.outage = True
 
     def belt_position_m(self, t_s: float) -> float:
         return self.cfg.belt_speed_mps * t_s
+
+    def arrival_t_s(self, bp: BeltPart) -> float:
+        """When the part's centre reaches the ejector (the cell tracks parts like a PLC: encoder counts)."""
+        return bp.spawn_t_s + (self.ejector_x_m - SPAWN_X_M) / self.cfg.belt_speed_mps
+
+    def trigger_t_s(self, bp: BeltPart) -> float:
+        return bp.spawn_t_s + (0.0 - SPAWN_X_M) / self.cfg.belt_speed_mps
+
+    def cutoff_t_s(self, bp: BeltPart) -> float:
+        """The divert cutoff: the last moment the pusher can be started to meet the part."""
+        return self.arrival_t_s(bp) - self.pusher_lead_s
 
     # ---- per step -------------------------------------------------------------------------
     def step(self, data: mujoco.MjData, t_s: float) -> list[dict]:
@@ -109,6 +147,7 @@ class Conveyor:
             if not bp.triggered and bp.x_m >= 0.0:
                 bp.triggered = True
                 events.append({"type": "qc_trigger", "part_id": bp.part_id, "t_s": t_s})
+            self._fail_safe(bp, t_s)
             off_belt = bp.y_m - half > scene.BELT_HALF_WIDTH_M
             if off_belt or bp.x_m >= END_X_M:
                 events.append(self._finish(bp, rejected=off_belt, t_s=t_s))
@@ -155,27 +194,50 @@ class Conveyor:
             bp.y_m = self.pusher_y_m + half
             bp.pushed = bp.pushed or bp.y_m - half > 0.0   # once shoved past centre it leaves the belt's flow
 
+    def _fail_safe(self, bp: BeltPart, t_s: float) -> None:
+        """Outage attribution while the part is between camera and cutoff; at the cutoff, divert
+        it unless a pass verdict (or a reject with its own push) arrived."""
+        if bp.cut_off or not bp.triggered:
+            return
+        if not self.controller_alive:
+            bp.outage = True
+        if t_s < self.cutoff_t_s(bp):
+            return
+        bp.cut_off = True
+        if bp.verdict == "pass" or bp.push_scheduled:
+            return
+        bp.diverted_t_s = t_s
+        bp.push_scheduled = True
+        self.push_times_s.append(self.arrival_t_s(bp))
+        self.push_times_s.sort()
+
     def _finish(self, bp: BeltPart, rejected: bool, t_s: float) -> dict:
         bp.done = True
         self.free_slots.append(bp.slot)
         self.free_slots.sort()
         self.model.geom_size[self.geom[bp.slot]] = (0.001, 0.001, 0.001)
         return {"type": "qc_outcome", "part_id": bp.part_id, "t_s": t_s, "defect": bp.part.defect,
-                "verdict": bp.verdict, "rejected": rejected,
-                "outcome": outcome_of(bp.part.defective, rejected, bp.verdict), **bp.verdict_info}
+                "verdict": bp.verdict, "rejected": rejected, "trigger_t_s": self.trigger_t_s(bp),
+                "cutoff_t_s": self.cutoff_t_s(bp), "diverted_t_s": bp.diverted_t_s, "outage": bp.outage,
+                "outcome": outcome_of(bp.part.defective, rejected, bp.verdict, bp.outage), **bp.verdict_info}
 
     # ---- commands -------------------------------------------------------------------------
     def apply_verdict(self, verdict: str, eject_time_s: float | None, stamp_s: float | None,
                       t_now_s: float, info: dict | None = None) -> int | None:
-        """Assign a verdict to the part it was made for; a reject fires the pusher at eject_time."""
+        """Assign a verdict to the part it was made for; a reject fires the pusher at eject_time.
+        A verdict for a part past its divert cutoff is ignored and counted (`late_verdicts`)."""
         bp = self._match(eject_time_s, stamp_s)
         if bp is None:
+            return None
+        if bp.cut_off:
+            self.late_verdicts += 1
             return None
         bp.verdict = verdict
         bp.verdict_info = dict(info or {})
         if verdict == "reject" and eject_time_s is not None and eject_time_s > t_now_s:
             self.push_times_s.append(float(eject_time_s))
             self.push_times_s.sort()
+            bp.push_scheduled = True
         return bp.part_id
 
     def _match(self, eject_time_s: float | None, stamp_s: float | None) -> BeltPart | None:

@@ -5,16 +5,19 @@ Starts two coprocessor nodes (QC on the belt camera, grasp on the pick camera; t
 in-process as the `cell_sim` node for `--duration` sim seconds with a live progress line, then
 prints the summary table and writes demo_report/ (report.json, events.jsonl, PNG plots, node logs).
 `--oracle` replaces the nodes by the ground-truth controller (a cell check without models).
+A node that exits is restarted after RESPAWN_DELAY_S (as launch/ does with respawn), and
+`--chaos` SIGKILLs one on purpose (sim/chaos.py): one run per node, reports in demo_report/chaos_*.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from sol_control.sim.supervisor import NodeSupervisor
 
 REPO = Path(__file__).resolve().parents[2]
 CAMERA_OF_TASK = {"qc": "qc", "grasp": "pick"}
@@ -45,6 +48,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="record telemetry, ground truth and decisions as rosbag2 MCAP (new folder)")
     p.add_argument("--only", choices=("qc", "grasp"), help="run one station only")
     p.add_argument("--quiet", action="store_true", help="no live progress line")
+    p.add_argument("--chaos", nargs="?", const="both", choices=("qc", "grasp", "both"),
+                   help="SIGKILL the QC node at a seeded moment, then in a second run the grasp node; respawn "
+                        "brings it back (reports in OUT/chaos_<task>/, the four figures in OUT/report.json)")
+    p.add_argument("--no-respawn", action="store_true",
+                   help="a node that exits ends the run (default: restart it, as launch/ does)")
     p.add_argument("--node-nice", type=int, default=-10, choices=range(-20, 20), metavar="-20..19",
                    help="CPU priority of the coprocessor nodes (their `nice` parameter, default -10, as a "
                         "control process on a robot computer would run); below 0 only when this user may "
@@ -108,29 +116,6 @@ def coprocessor_cmd(task: str, params: list[str], lockstep: bool, camera_to_ejec
     return cmd
 
 
-def start_nodes(tasks: tuple[str, ...], params: list[str], lockstep: bool, log_dir: Path,
-                env: dict, camera_to_ejector_m: float) -> dict[str, subprocess.Popen]:
-    log_dir.mkdir(parents=True, exist_ok=True)
-    procs = {}
-    for task in tasks:
-        log = open(log_dir / f"coprocessor_{task}.log", "w")
-        cmd = coprocessor_cmd(task, params, lockstep, camera_to_ejector_m)
-        procs[task] = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    return procs
-
-
-def stop_nodes(procs: dict[str, subprocess.Popen]) -> None:
-    for p in procs.values():
-        if p.poll() is None:
-            p.send_signal(signal.SIGINT)
-    for p in procs.values():
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=5)
-
-
 def _first_error(log_dir: Path) -> str:
     for log in sorted(log_dir.glob("coprocessor_*.log")):
         for line in log.read_text(errors="replace").splitlines():
@@ -166,11 +151,33 @@ class Progress:
 
 
 def run(args: argparse.Namespace) -> int:
+    _export(ros_env())
+    out = Path(args.out)
+    if not args.chaos:
+        report = run_once(args, out)
+        return 0 if report["unverified_passes"] == 0 else 1
+    from sol_control.sim import chaos
+
+    which = chaos.TASKS if args.chaos == "both" else (args.chaos,)
+    if args.oracle or (args.only and args.only not in which):
+        raise ValueError("--chaos kills coprocessor nodes: not with --oracle, and --only must keep the killed node")
+    runs = {task: run_once(args, out / f"chaos_{task}", [chaos.ChaosPlan.seeded(task, args.seed, args.duration)])
+            for task in which}
+    top = chaos.combine(runs)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(top, indent=1, default=float, allow_nan=True))
+    print("\nchaos: " + "; ".join(
+        f"{t} killed at {r['chaos'][t]['killed_t_s']} s: back {r['chaos'][t]['back_s']:.2f} s, first decision "
+        f"{r['chaos'][t]['recovery_s']:.2f} s after the kill" for t, r in runs.items()))
+    print(f"chaos: unverified passes {top['unverified_passes']}, outage diverted {top['outage_diverted']}, "
+          f"decisions lost {top['decisions_lost']}; wrote {out / 'report.json'}")
+    return 0 if top["unverified_passes"] == 0 else 1
+
+
+def run_once(args: argparse.Namespace, out: Path, chaos_plans=()) -> dict:
+    """One demo run into `out`; returns its report."""
     from sol_control.sim.config import BridgeConfig
 
-    env = ros_env()
-    _export(env)
-    out = Path(args.out)
     tasks = (args.only,) if args.only else ("qc", "grasp")
     node_nice = args.node_nice if args.node_nice >= 0 or may_raise_priority() else 0
     if node_nice != args.node_nice and not args.quiet:
@@ -184,12 +191,15 @@ def run(args: argparse.Namespace) -> int:
     if not args.oracle:
         check_bundles(tasks, params)
     cfg = BridgeConfig(mode="lockstep" if args.lockstep else "realtime", duration_s=args.duration,
-                       rate=args.rate, record_path=args.record,
+                       rate=args.rate, record_path=args.record and args.record + (f"_{out.name}" if chaos_plans else ""),
                        cell={"seed": args.seed, "qc": "qc" in tasks, "grasp": "grasp" in tasks})
     progress = Progress(cfg.duration_s, args.quiet)
     meter = energy_meter(pairs)
+    sim_nice = args.sim_nice
     summary, events = closed_loop(cfg, tasks, params, out / "logs", oracle=args.oracle, progress=progress,
-                                  snapshot=out / "cell_overview.png", sim_nice=args.sim_nice)
+                                  snapshot=out / "cell_overview.png", sim_nice=sim_nice,
+                                  chaos=chaos_plans, respawn=not args.no_respawn)
+    args.sim_nice = 0   # os.nice is applied once; this process keeps it for a second (chaos) run
     from sol_control.sim import report as rep
     from sol_control.sim.scoring import energy_table
 
@@ -197,14 +207,14 @@ def run(args: argparse.Namespace) -> int:
     meta = {"seed": args.seed, "duration_s": args.duration, "mode": cfg.mode, "rate": cfg.rate,
             "controller": "oracle" if args.oracle else "coprocessor",
             "standard_only": bool(args.standard_only), "policy_preset": bool(args.policy),
-            "node_params": params, "sim_nice": args.sim_nice}
+            "node_params": params, "sim_nice": sim_nice, "load_1min": os.getloadavg()[0]}
     r = rep.build_report(summary, meta, energy_table([e for e in events if e["type"] == "decision"], meter))
     files = rep.write(out, r, events) + [out / "cell_overview.png"]
     print("\n" + rep.table(r))
     if r["energy"]:
         print(f"energy: {r['energy']['energy_assumption']}")
     print("wrote " + ", ".join(str(f) for f in files))
-    return 0
+    return r
 
 
 def energy_meter(pairs: list[str]):
@@ -233,31 +243,44 @@ def check_bundles(tasks: tuple[str, ...], params: list[str]) -> None:
 
 def closed_loop(cfg, tasks: tuple[str, ...], params: list[str], log_dir: Path, oracle: bool = False,
                 progress: Progress | None = None, snapshot: Path | None = None,
-                sim_nice: int = 0) -> tuple[dict, list[dict]]:
+                sim_nice: int = 0, chaos=(), respawn: bool = True) -> tuple[dict, list[dict]]:
     """Start the coprocessor nodes (unless oracle), run the cell as `cell_sim`, stop the nodes.
-    `sim_nice` > 0 lowers this process's CPU priority once the nodes are forked (they keep theirs);
-    it cannot be undone, so only the `demo` command, whose process ends with the run, passes it.
-    Returns the bridge summary and every event (decisions, outcomes)."""
+    A node that exits during the run is restarted (unless `respawn` is False: the run ends);
+    `chaos` (sim.chaos.ChaosPlan, one per node to kill) kills them on purpose. `sim_nice` > 0 lowers this process's CPU
+    priority once the nodes are forked (they keep theirs); it cannot be undone, so only the `demo`
+    command, whose process ends with the run, passes it. Returns the bridge summary (with the
+    nodes' respawns, memory and the chaos figures) and every event (decisions, outcomes, liveliness)."""
     from sol_control.sim.bridge import Session
+    from sol_control.sim.chaos import ChaosMonitor
 
     env = ros_env()                     # the nodes and this process share one domain, whatever the caller set
-    procs = {} if oracle else start_nodes(tasks, params, cfg.mode == "lockstep", log_dir, env,
-                                          cfg.cell.conveyor.camera_to_ejector_m)
+    lockstep = cfg.mode == "lockstep"
+    cmds = {} if oracle else {t: coprocessor_cmd(t, params, lockstep, cfg.cell.conveyor.camera_to_ejector_m)
+                              for t in tasks}
+    sup = NodeSupervisor(cmds, env, log_dir, respawn=respawn)
+    sup.start()
     if sim_nice > 0:
         os.nice(sim_nice)  # threads started from here on (renderer, DDS) inherit it
-    alive = lambda: all(p.poll() is None for p in procs.values())  # noqa: E731
+    monitors = [ChaosMonitor(plan, sup, lockstep) for plan in chaos]
+    listeners = [m.on_event for m in monitors]
+    t0 = time.monotonic()
     try:
-        with Session(cfg, int(env["ROS_DOMAIN_ID"]), oracle=oracle) as session:
-            if procs:
-                _wait_for_nodes(session, procs, env, log_dir, alive, progress)
+        with Session(cfg, int(env["ROS_DOMAIN_ID"]), oracle=oracle, listeners=listeners) as session:
+            if cmds:
+                _wait_for_nodes(session, sup, env, log_dir, progress)
             bridge = session.bridge
+            for m in monitors:
+                m.attach(bridge)
 
-            def stop() -> bool:
+            def tick() -> bool:         # the cell's loop calls this between steps and while it waits
+                sup.poll()
+                for m in monitors:
+                    m.tick()
                 if progress is not None:
                     progress.tick(bridge)
-                return not alive()
+                return not sup.alive()
 
-            session.run(should_stop=stop)
+            summary = session.run(should_stop=tick)
             if progress is not None and not progress.quiet:
                 print("\r" + progress.line(bridge), flush=True)
             if snapshot is not None:
@@ -265,16 +288,22 @@ def closed_loop(cfg, tasks: tuple[str, ...], params: list[str], log_dir: Path, o
 
                 snapshot.parent.mkdir(parents=True, exist_ok=True)
                 cv2.imwrite(str(snapshot), bridge.cell.render_overview()[..., ::-1])
-            dead = {t: p.returncode for t, p in procs.items() if p.poll() is not None}
-            if dead:
-                raise ValueError(f"coprocessor exited during the run: {dead} (logs in {log_dir})")
-            return bridge.summary(), session.events
+            if not sup.alive():
+                why = sup.gave_up or {t: e[-1] for t, e in sup.respawns().items() if e}
+                raise ValueError(f"coprocessor exited during the run: {why} (logs in {log_dir})")
+            warmup_s = min(60.0, max(5.0, 0.2 * (time.monotonic() - t0)))
+            summary.update(respawns=sup.respawns(), node_rss=sup.rss_report(warmup_s), rss_warmup_s=warmup_s)
+            if monitors:
+                summary["chaos"] = {m.plan.task: m.report() for m in monitors}
+            return summary, session.events
     finally:
-        stop_nodes(procs)
+        sup.stop()
 
 
-def _wait_for_nodes(session, procs: dict, env: dict, log_dir: Path, alive, progress) -> None:
-    names = [f"sol_control_{t}" for t in procs]
+def _wait_for_nodes(session, sup: NodeSupervisor, env: dict, log_dir: Path, progress) -> None:
+    """Until every node reports active (a node that dies while starting is not respawned: its log says why)."""
+    names = [f"sol_control_{t}" for t in sup.nodes]
+    alive = lambda: all(m.proc.poll() is None for m in sup.nodes.values())  # noqa: E731
     say = progress is None or not progress.quiet
     if say:
         print(f"starting coprocessor nodes {', '.join(names)} (ROS_DOMAIN_ID={env['ROS_DOMAIN_ID']}) ...",

@@ -102,7 +102,8 @@ def run_lines(bags: list[str | Path], params: list[str], domain_id: int, rate: f
               env: dict | None = None) -> dict:
     """Start one coprocessor per bag in /line1, /line2, ..., play the bags on one /clock, wait until
     every frame is decided and each node's /diagnostics counts its decisions, stop the nodes."""
-    from sol_control.sim.demo import ros_env, stop_nodes
+    from sol_control.sim.demo import ros_env
+    from sol_control.sim.supervisor import stop_processes
     from sol_control.sim.line_player import LinePlayer, load_line
 
     lines = [load_line(b, f"line{k}") for k, b in enumerate(bags, start=1)]
@@ -123,7 +124,7 @@ def run_lines(bags: list[str | Path], params: list[str], domain_id: int, rate: f
         cpu = {n: 100.0 * (process_cpu_s(p.pid) - cpu0[n]) / (time.monotonic() - wall0) for n, p in procs.items()}
     finally:
         player.close()
-        stop_nodes(procs)
+        stop_processes(list(procs.values()))
     stamps = {line.name: line.image_stamps for line in lines}
     return {"rate": rate, "sim_time_s": player.sim_ns / 1e9, "node_cpu_percent": cpu,
             "lines": {line.name: score_line(line, player.received[line.name],

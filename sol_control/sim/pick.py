@@ -5,6 +5,13 @@ the grasp pose with the fingers open to the commanded width → close with the c
 (finger position target 0, actuator force limited to force_n) → lift → hold `hold_s` → score
 (an object risen by `success_lift_m` touching both pads) → release → home → next scene.
 Poses are in frame `pick_table` (the pick model's world frame). A new scene recompiles the model.
+
+While the grasp node's liveliness is lost the station holds: no new grasp starts, the camera is not
+triggered, a scene waiting for its decision goes back to waiting (its image's decision will not
+come), and once a node is back the scene is imaged again and decided as usual; until the first
+decision after an outage arrives the camera looks again every `hold_retry_s` (a node that was just
+respawned may drop the first frames while DDS rediscovers the cell). A sequence already running
+completes: its decision was on time and valid, and the arm controller is still there.
 """
 from __future__ import annotations
 
@@ -71,6 +78,10 @@ class PickStation:
         self.segments: list[Segment] = []
         self.command: GraspCommand | None = None
         self.holds = 0                                # consecutive holds on the current scene
+        self.controller_alive = True                  # the grasp node's liveliness, as the cell sees it
+        self.outage_holds = 0                         # decisions waited for when the node was lost
+        self.look_again = False                       # after an outage: re-trigger until a decision comes
+        self.trigger_t_s = 0.0
         self._load([], t_s=0.0)
 
     # ---- model --------------------------------------------------------------------------------
@@ -121,15 +132,21 @@ class PickStation:
             self.holds = 0
             self._load(self.scene.objects, t_s)
             self.state, self.state_t_s = "settle", t_s
-        elif self.state == "settle" and t_s - self.state_t_s >= self.cfg.settle_s - 1e-9:
+        elif self.state == "settle" and t_s - self.state_t_s >= self.cfg.settle_s - 1e-9 and self.controller_alive:
             self.state, self.state_t_s = "ready", t_s
-            events.append({"type": "pick_trigger", "scene_id": self.scene_id, "t_s": t_s})
+            events.append(self._trigger(t_s))
         elif self.state == "ready" and t_s - self.state_t_s >= self.cfg.decision_timeout_s:
             events.append(self._outcome(t_s, "no_decision"))
             self.state = "spawn"
+        elif self.state == "ready" and self.look_again and t_s - self.trigger_t_s >= self.cfg.hold_retry_s - 1e-9:
+            events.append(self._trigger(t_s))
         elif self.state == "run":
             events += self._run(t_s)
         return events
+
+    def _trigger(self, t_s: float) -> dict:
+        self.trigger_t_s = t_s
+        return {"type": "pick_trigger", "scene_id": self.scene_id, "t_s": t_s}
 
     def _run(self, t_s: float) -> list[dict]:
         seg = self.segments[0]
@@ -172,10 +189,23 @@ class PickStation:
     def ready(self) -> bool:
         return self.state == "ready"
 
+    def set_controller_alive(self, alive: bool, t_s: float) -> dict | None:
+        """The grasp node's liveliness changed. Lost while waiting for a decision: hold, and image
+        the scene again once a node is back (returns the hold event)."""
+        self.controller_alive = alive
+        self.look_again = alive
+        if alive or self.state != "ready":
+            return None
+        self.outage_holds += 1
+        self.state, self.state_t_s = "settle", t_s - self.cfg.settle_s   # trigger again as soon as alive
+        return {"type": "grasp_outage_hold", "scene_id": self.scene_id, "t_s": t_s}
+
     def apply_grasp(self, cmd: GraspCommand, t_s: float) -> bool:
-        """Start executing a decision; False when the station is not waiting for one."""
-        if self.state != "ready":
+        """Start executing a decision; False when the station is not waiting for one (or the grasp
+        node's liveliness is lost: nothing new moves)."""
+        if self.state != "ready" or not self.controller_alive:
             return False
+        self.look_again = False
         self.command = cmd
         c = self.cfg
         yaw = equivalent_yaw(cmd.yaw_rad, 0.0)
@@ -204,6 +234,7 @@ class PickStation:
         Returns the outcome event then, else None."""
         if self.state != "ready":
             return None
+        self.look_again = False
         self.command = GraspCommand(0, 0, 0, 0, 0, 0, (), dict(info or {}))
         self.holds += 1
         if self.holds >= self.cfg.max_holds:

@@ -25,6 +25,11 @@ def build_report(summary: dict, meta: dict, energy: dict | None = None) -> dict:
         "correct_accepts": qc.get("correct_accept", 0), "correct_rejects": qc.get("correct_reject", 0),
         "false_rejects": qc.get("false_reject", 0), "missed_defects": qc.get("missed_defect", 0),
         "manual_inspection": qc.get("manual", 0), "no_verdict": qc.get("no_verdict", 0),
+        "unverified_passes": summary.get("unverified_passes", 0), "outage_diverted": summary.get("outage_diverted", 0),
+        "late_verdicts": summary.get("late_verdicts", 0), "decisions_lost": summary.get("decisions_lost", 0),
+        "grasp_outage_holds": summary.get("grasp_outage_holds", 0), "liveliness": summary.get("liveliness", {}),
+        "respawns": summary.get("respawns", {}), "node_rss_mb": summary.get("node_rss", {}),
+        "window_p99_ms": summary.get("window_p99_ms", {}), "p99_drift_ms": summary.get("p99_drift_ms", {}),
         "grasp_success": summary["grasp_success"],
         "grasp_attempts": grasp.get("success", 0) + grasp.get("failure", 0),
         "grasp_successes": grasp.get("success", 0), "grasp_holds": grasp.get("held", 0),
@@ -43,6 +48,7 @@ def build_report(summary: dict, meta: dict, energy: dict | None = None) -> dict:
         "sim_time_s": summary["sim_time_s"],
         "policy": summary.get("policy", {}),
         "energy": energy or {},
+        **({"chaos": summary["chaos"]} if "chaos" in summary else {}),
     }
 
 
@@ -54,9 +60,13 @@ def table(r: dict) -> str:
         ("false rejects", f"{r['false_rejects']:7d}"),
         ("missed defects", f"{r['missed_defects']:7d}"),
         ("sent to manual inspection", f"{r['manual_inspection']:7d}"),
+        ("diverted without a verdict (node alive)", f"{r['no_verdict']:7d}"),
+        ("diverted during a node outage (not in accuracy)", f"{r['outage_diverted']:7d}"),
+        ("passed without a pass verdict (must be 0)", f"{r['unverified_passes']:7d}"),
         ("grasp attempts", f"{r['grasp_attempts']:7d}"),
         ("grasp success", _pct(r["grasp_success"])),
         ("grasps held (safe default)", f"{r['grasp_holds']:7d}"),
+        ("grasp decisions awaited during an outage", f"{r['grasp_outage_holds']:7d}"),
         ("decisions", f"{r['decisions']:7d}"),
         ("deadline hit rate", _pct(r["deadline_hit_rate"])),
         ("deadline misses not labelled", f"{r['unlabelled_misses']:7d}"),
@@ -65,6 +75,8 @@ def table(r: dict) -> str:
         ("image→decision out p50 / p99 (ms, DDS)", f"{_ms(r['e2e_p50_ms'])} / {_ms(r['e2e_p99_ms'])}"),
         ("image→decision back p50 / p99 (ms)", f"{_ms(r['measured_p50_ms'])} / {_ms(r['measured_p99_ms'])}"),
     ]
+    rows.append(("frames never answered (decisions lost)", f"{r['decisions_lost']:7d}"))
+    rows += _process_rows(r)
     for task, by in sorted(r["latency_by_source"].items()):
         for src, s in sorted(by.items()):
             rows.append((f"  {task} {src} (n={s['n']}) p50 / p99 ms", f"{_ms(s['p50_ms'])} / {_ms(s['p99_ms'])}"))
@@ -98,6 +110,24 @@ def _energy_rows(e: dict) -> list[tuple[str, str]]:
             if s["cpu_ms_per_decision"] == s["cpu_ms_per_decision"]:  # not NaN (oracle, watchdog)
                 rows.append((f"  {task} {src} (n={s['decisions']})",
                              f"{s['cpu_ms_per_decision']:.2f} ms / {1000 * s['joules_per_decision']:.1f} mJ"))
+    return rows
+
+
+def _process_rows(r: dict) -> list[tuple[str, str]]:
+    """Respawns, node memory, p99 drift and the chaos figures, where the run has them."""
+    rows = []
+    for task, exits in sorted(r.get("respawns", {}).items()):
+        rows.append((f"  {task} node exits (respawned)", f"{len(exits):7d}"))
+    for task, m in sorted(r.get("node_rss_mb", {}).items()):
+        if m.get("samples"):
+            rows.append((f"  {task} node RSS after warm-up -> end (MB)",
+                         f"{m['after_warmup_mb']:.1f} -> {m['end_mb']:.1f} ({m['growth_mb']:+.2f})"))
+    for task, d in sorted(r.get("p99_drift_ms", {}).items()):
+        rows.append((f"  {task} p99 drift over 60 s windows (ms)", f"{d:+7.2f}"))
+    for task, c in sorted(r.get("chaos", {}).items()):
+        rows.append((f"chaos: {task} node SIGKILLed at (sim s)", f"{c['killed_t_s']}"))
+        rows.append(("  after it: liveliness lost / back / first decision (s)",
+                     f"{c['detected_s']:.2f} / {c['back_s']:.2f} / {c['recovery_s']:.2f}"))
     return rows
 
 
@@ -155,11 +185,12 @@ def plot(out_dir: Path, events: list[dict]) -> list[Path]:
         if e["type"] in rows:
             colour = ("tab:green" if e["outcome"] in good
                       else "tab:orange" if e["outcome"] in ("manual", "held")
-                      else "tab:gray" if e["outcome"] in ("no_verdict", "no_decision") else "tab:red")
+                      else "tab:gray" if e["outcome"] in ("no_verdict", "no_decision", "outage_diverted")
+                      else "tab:red")
             ax2.scatter(e["t_s"], rows[e["type"]], color=colour, s=14)
     ax2.set_yticks([0, 1], ["grasp", "QC part"])
     ax2.set_xlabel("sim time (s)")
-    ax2.set_title("outcomes (green correct / success, orange manual / held, gray undecided, red wrong / failed)")
+    ax2.set_title("outcomes (green correct / success, orange manual / held, gray diverted undecided, red wrong / failed)")
     fig.tight_layout()
     paths.append(out_dir / "timeline.png")
     fig.savefig(paths[-1], dpi=110)

@@ -16,7 +16,9 @@ class Tally:
     qc_events: list = field(default_factory=list)
     grasp_events: list = field(default_factory=list)
     unmatched_verdicts: int = 0
+    late_verdicts: int = 0          # arrived after their part's divert cutoff (the part was diverted)
     ignored_grasps: int = 0
+    grasp_outage_holds: int = 0     # a scene's decision waited for when the grasp node was lost
 
     def add(self, event: dict) -> None:
         if event["type"] == "qc_outcome":
@@ -26,6 +28,8 @@ class Tally:
         elif event["type"] == "grasp_outcome":
             self.grasp[event["outcome"]] += 1
             self.grasp_events.append(event)
+        elif event["type"] == "grasp_outage_hold":
+            self.grasp_outage_holds += 1
 
     @property
     def parts(self) -> int:
@@ -37,9 +41,11 @@ class Tally:
         return (self.qc["correct_accept"] + self.qc["correct_reject"]) / decided if decided else float("nan")
 
     def qc_accuracy_all(self) -> float:
-        """Correct accept/reject over every part that left the line (manual, no verdict = wrong)."""
+        """Correct accept/reject over every part that left the line (manual, no verdict = wrong),
+        except the parts diverted because the QC node was gone (counted apart: `outage_diverted`)."""
         correct = self.qc["correct_accept"] + self.qc["correct_reject"]
-        return correct / self.parts if self.parts else float("nan")
+        parts = self.parts - self.qc["outage_diverted"]
+        return correct / parts if parts else float("nan")
 
     def grasp_success(self) -> float:
         """Successes over executed grasp attempts (held / no_decision are not attempts)."""
@@ -50,7 +56,9 @@ class Tally:
         return {"parts": self.parts, "qc": dict(self.qc), "qc_accuracy": self.qc_accuracy(),
                 "qc_accuracy_all": self.qc_accuracy_all(),
                 "grasp": dict(self.grasp), "grasp_success": self.grasp_success(),
-                "unmatched_verdicts": self.unmatched_verdicts, "ignored_grasps": self.ignored_grasps}
+                "unverified_passes": self.qc["unverified_pass"], "outage_diverted": self.qc["outage_diverted"],
+                "unmatched_verdicts": self.unmatched_verdicts, "late_verdicts": self.late_verdicts,
+                "ignored_grasps": self.ignored_grasps, "grasp_outage_holds": self.grasp_outage_holds}
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -102,12 +110,35 @@ def energy_table(decisions: list[dict], meter) -> dict:
     return {"by_task": out, "watts_per_busy_core": meter.watts_per_busy_core, **labels(meter)}
 
 
-def decision_stats(decisions: list[dict]) -> dict:
-    """Latency, deadline and fallback figures over the decision records the bridge logged."""
+P99_WINDOW_S = 60.0   # sim seconds per window of the p99 series (a long run's drift)
+
+
+def p99_windows(decisions: list[dict], end_s: float, window_s: float = P99_WINDOW_S) -> dict:
+    """{task: [p99 of the node's latency_ms per window of sim time]}, full windows before `end_s` only."""
+    by: dict = {}
+    for d in decisions:
+        k = int(d["t_s"] // window_s)
+        if (k + 1) * window_s <= end_s + 1e-6:
+            by.setdefault(d["task"], {}).setdefault(k, []).append(d["latency_ms"])
+    return {task: [_pct(windows[k], 99) for k in sorted(windows)] for task, windows in by.items()}
+
+
+def drift(series: list[float]) -> float:
+    """Median of the last third minus median of the first third of a per-window series (as the soak)."""
+    if len(series) < 2:
+        return 0.0
+    third = max(1, len(series) // 3)
+    return float(np.median(series[-third:])) - float(np.median(series[:third]))
+
+
+def decision_stats(decisions: list[dict], end_s: float = 0.0) -> dict:
+    """Latency, deadline and fallback figures over the decision records the bridge logged (`end_s`:
+    the run's sim time, for the p99 windows)."""
     lat = [d["latency_ms"] for d in decisions]
     measured = [d["measured_ms"] for d in decisions]
     e2e = [d["e2e_ms"] for d in decisions]
     n = len(decisions)
+    windows = p99_windows(decisions, end_s)
     return {
         "decisions": n,
         "p50_ms": _pct(lat, 50), "p99_ms": _pct(lat, 99),
@@ -120,4 +151,5 @@ def decision_stats(decisions: list[dict]) -> dict:
         "latency_by_source": latency_table(decisions),
         "stage_p50_ms": stage_table(decisions),
         "policy": policy_stats(decisions),
+        "window_p99_ms": windows, "p99_drift_ms": {task: drift(w) for task, w in windows.items()},
     }
