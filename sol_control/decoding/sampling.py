@@ -17,6 +17,13 @@ def token_prob(logits: np.ndarray, token: int) -> float:
     return float(np.exp(float(logits[token]) - m) / np.exp(logits.astype(np.float64) - m).sum())
 
 
+def argmax_probs(rows: np.ndarray) -> list[float]:
+    """The probability of each row's argmax under softmax, for rows [n, V] at once (greedy emits
+    argmaxes: one vectorized pass per verify step instead of one `token_prob` per token)."""
+    z = rows - rows.max(axis=1, keepdims=True)  # [n, V]
+    return (1.0 / np.exp(z, out=z).sum(axis=1, dtype=np.float64)).tolist()
+
+
 def top_p_filter(probs: np.ndarray, top_p: float) -> np.ndarray:
     """Keep the smallest set of tokens whose mass reaches top_p; renormalise."""
     if top_p >= 1.0:

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..budget import Budget
 from .adaptive_k import MAX_K, AdaptiveK
-from .sampling import distribution, draw, token_prob
+from .sampling import argmax_probs, distribution, draw, token_prob
 from .session import DecoderSession
 
 
@@ -237,9 +237,8 @@ def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None =
         kk = min(len(guesses), max_new_tokens - len(out) - 1)
         t_logits = target.forward(np.array([out[-1]] + guesses[:kk], np.int64))  # [kk+1, V]
         n, bonus = rule.accept(guesses[:kk], None, t_logits)
-        emitted = guesses[:n] + [bonus]
-        probs += [token_prob(t_logits[i], tok) for i, tok in enumerate(emitted)]
-        out += emitted
+        probs += argmax_probs(t_logits[:n + 1])  # every emitted token is its row's argmax
+        out += guesses[:n] + [bonus]
         guesses = target.head_ids[n].tolist()  # the heads of the row that gave `bonus`
         stats.target_passes, stats.verify_passes = stats.target_passes + 1, stats.verify_passes + 1
         stats.proposed, stats.accepted = stats.proposed + kk, stats.accepted + n
