@@ -4,7 +4,6 @@ laid out as ONNX Runtime GenAI expects, and — for each engine whose venv exist
 the fixture weights reproduces our standard greedy outputs, plain and speculative."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -49,17 +48,12 @@ def test_speculative_genai_folder_layout(tmp_path):
     assert ".." not in json.dumps(config)  # GenAI refuses parent paths
 
 
-def load_onnx_to_hf():
-    spec = importlib.util.spec_from_file_location("onnx_to_hf", REPO / "tools" / "onnx_to_hf.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_onnx_to_hf_rebuilds_the_fixture_weights_bit_for_bit(tmp_path):
     """tests/fixtures/tiny_hf{,_draft} are the folders the fixture bundle was exported from:
-    rebuilding them from the bundle's ONNX must give the same tensors and configuration."""
-    o2h = load_onnx_to_hf()
+    rebuilding them from the bundle's ONNX must give the same tensors and configuration. (The
+    converter is a module of the package, sol_control.bench.peers.hf_folder.)"""
+    from sol_control.bench.peers import hf_folder as o2h
+
     folders = o2h.convert_bundle(FIXTURES / "tiny", tmp_path)
     for role, original in (("target", "tiny_hf"), ("draft", "tiny_hf_draft")):
         got = o2h.load_safetensors(folders[role] / "model.safetensors")

@@ -138,12 +138,12 @@ def head_accuracy(heads: Heads, h: np.ndarray, labels: np.ndarray) -> list[float
 
 def target_from_bundle(bundle_dir: Path, work: Path):
     """The bundle's fp32 target as a transformers model: its weights read back from the ONNX file
-    (tools/onnx_to_hf.py, bit-identical), so heads fit exactly the target that ships."""
-    import onnx_to_hf
+    (sol_control.bench.peers.hf_folder, bit-identical), so heads fit exactly the target that ships."""
+    from sol_control.bench.peers.hf_folder import convert_bundle
 
     folder = work / "hf_from_bundle"
     if not (folder / "target" / "config.json").is_file():
-        onnx_to_hf.convert_bundle(bundle_dir, folder)
+        convert_bundle(bundle_dir, folder)
     return T.load_model(folder / "target")
 
 

@@ -1,7 +1,7 @@
 """Read a Llama decoder's weights back out of our exported fp32 ONNX graph (numpy + onnx only).
 
 The one place that knows how `tools/export.py` (torch dynamo, opset 23) lays a Llama out in ONNX;
-`tools/onnx_to_hf.py` (Hugging Face folders for the peer engines) and the fused graph builder
+`sol_control.bench.peers.hf_folder` (Hugging Face folders for the peer engines) and the fused graph builder
 (`sol_control.graph.llama`) both start from `read_decoder`.
 
 Projections become anonymous MatMul inputs (`val_44`, stored as W^T: [in, out]) and identical

@@ -15,7 +15,7 @@ Two halves, several venvs:
   importing this module in the runtime venv never pulls them in.
 
 Weights: Hugging Face folders rebuilt from the bundle's own fp32 ONNX files by
-`tools/onnx_to_hf.py` (bit-identical tensors, cached under `.work/peers/hf/`), so every engine
+`sol_control.bench.peers.hf_folder` (bit-identical tensors, cached under `.work/peers/hf/`), so every engine
 runs exactly the weights we ship; each row says so (`weights_from`).
 
 Every peer decodes exactly `new_tokens` tokens, greedy, with the same thread count as ours. Peers
@@ -94,13 +94,13 @@ def agreement(outputs: list[list[int]], reference: list[list[int]]) -> dict:
 
 def hf_folders(bundle, cache: Path | None = None) -> tuple[Path, Path | None]:
     """HF folders holding exactly the bundle's weights: rebuilt from its fp32 ONNX files by
-    `tools/onnx_to_hf.py` (onnx + numpy, no torch) and cached under
+    `hf_folder.convert_bundle` (onnx + numpy, no torch) and cached under
     `.work/peers/hf/<bundle name>-<sha256 prefix of those files>/{target,draft}`.
 
     Always from the bundle, never from `.work/<task>/` (what `make models` trains): that folder
     can hold other weights than the shipped ones (it did for the qc draft, retrained later), and a
     fresh clone does not have it."""
-    import importlib.util
+    from .hf_folder import convert_bundle
 
     m = bundle.manifest
     roles = {"target": m.target} | ({"draft": m.draft} if m.draft is not None and "fp32" in m.draft.files else {})
@@ -109,12 +109,9 @@ def hf_folders(bundle, cache: Path | None = None) -> tuple[Path, Path | None]:
     if not all((folder / role / "config.json").is_file() for role in roles):
         for spec in roles.values():
             bundle.path(spec.files["fp32"])  # sha256 checked
-        spec = importlib.util.spec_from_file_location("onnx_to_hf", REPO / "tools" / "onnx_to_hf.py")
-        onnx_to_hf = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(onnx_to_hf)
         tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
-        onnx_to_hf.convert_bundle(bundle.root, tmp)
+        convert_bundle(bundle.root, tmp)
         shutil.rmtree(folder, ignore_errors=True)
         tmp.rename(folder)  # whole or not at all
     return folder / "target", (folder / "draft" if "draft" in roles else None)
