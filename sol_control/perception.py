@@ -15,6 +15,7 @@ Images of another size are centre-cropped to square and resized to the task's ca
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -219,17 +220,24 @@ def qc_features(image: np.ndarray) -> dict[str, float]:
     return f
 
 
-def _table_difference(img: np.ndarray) -> np.ndarray:
-    """Per-pixel max channel difference from the table: a plane fitted per channel to the border
-    (absorbs lighting gradients). img [n, n, 3] float32 -> [n, n]."""
-    n = img.shape[0]
+@functools.lru_cache(maxsize=4)
+def _plane_grids(n: int) -> tuple[np.ndarray, ...]:
+    """For an n x n image: pixel grids (x, y), x/n and y/n [n, n, 1], the 3-px border mask and the
+    border's design matrix [B, 3] of a plane fit. The same arrays every call: computed once."""
     yy, xx = np.mgrid[0:n, 0:n].astype(np.float32)
     k = 3
     bmask = np.zeros((n, n), bool)
     bmask[:k], bmask[-k:], bmask[:, :k], bmask[:, -k:] = True, True, True, True
     design = np.stack([xx[bmask] / n, yy[bmask] / n, np.ones(bmask.sum(), np.float32)], 1)  # [B, 3]
+    return xx, yy, xx[..., None] / n, yy[..., None] / n, bmask, design
+
+
+def _table_difference(img: np.ndarray) -> np.ndarray:
+    """Per-pixel max channel difference from the table: a plane fitted per channel to the border
+    (absorbs lighting gradients). img [n, n, 3] float32 -> [n, n]."""
+    _, _, xn, yn, bmask, design = _plane_grids(img.shape[0])
     coef, *_ = np.linalg.lstsq(design, img[bmask], rcond=None)  # [3, 3] plane per channel
-    bg = xx[..., None] / n * coef[0] + yy[..., None] / n * coef[1] + coef[2]
+    bg = xn * coef[0] + yn * coef[1] + coef[2]
     return _channel_max(np.abs(img - bg))
 
 
@@ -253,7 +261,7 @@ def grasp_features(image: np.ndarray, joints_rad: np.ndarray | None, px_per_m: f
     n = img.shape[0]
     diff = _table_difference(img)
     obj, n_objects = _largest_object(diff)
-    yy, xx = np.mgrid[0:n, 0:n].astype(np.float32)
+    xx, yy = _plane_grids(n)[:2]
     region = cv2.dilate(obj, _ellipse(5)) > 0
     contrast = float(np.median(diff[obj > 0]))
     w = np.where(region, np.clip(diff / max(contrast, 1.0), 0.0, 1.0), 0.0)  # soft coverage
