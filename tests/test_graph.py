@@ -122,7 +122,7 @@ def test_fused_graph_layout(fused, grasp_weights):
     ops = [n.op_type for n in model.graph.node]
     L = grasp_weights.config.n_layers
     assert ops.count("GroupQueryAttention") == L and ops.count("MatMulNBits") == 5 * L + 1
-    assert "MatMul" not in ops and len(ops) == 12 * L + 3
+    assert "MatMul" not in ops and len(ops) == 12 * L + 3 + 4  # + 4: the last G+1 rows for the lm_head
     kv = next(i for i in model.graph.input if i.name == "past_key_values.0.key")
     assert [d.dim_value for d in kv.type.tensor_type.shape.dim] == [1, 2, 65, 64]  # 64 positions + the pad row
     bits = {n.output[0]: next(a.i for a in n.attribute if a.name == "bits") for n in model.graph.node
@@ -289,24 +289,37 @@ def tiny_heads(w: LlamaWeights, k: int = 3, offset: int = 40, n_out: int = 48, s
                       rng.standard_normal((k, n_out, h)).astype(np.float32), offset)
 
 
+def _heads_reference(w: LlamaWeights, hidden_row: np.ndarray) -> np.ndarray:
+    """argmax(w2_j (h + SiLU(w1_j h))) + offset for one hidden row [H] -> [K], as tools/train_heads.py."""
+    u = np.einsum("koi,i->ko", w.heads.w1, hidden_row)
+    hj = hidden_row[None, :] + u / (1.0 + np.exp(-u))
+    return np.einsum("kvh,kh->kv", w.heads.w2, hj).argmax(-1) + w.heads.token_offset
+
+
 def test_draft_heads_in_the_graph_match_a_numpy_reference(tmp_path):
-    """head_ids = argmax(w2_j (h + SiLU(w1_j h))) + offset on the last K+1 rows, as in
-    tools/train_heads.py, computed here from the reference forward's hidden states."""
+    """The graph checks the guesses (the first one differing from the argmax of the row before it)
+    and runs the heads on that row; both against the numpy reference forward."""
     from sol_control.lm.reference import LlamaReference
 
     w = tiny_weights()
     w.heads = tiny_heads(w)
     sess = FusedDecoderSession(build_decoder(w, tmp_path / "h.onnx", "fp32"))
     assert sess.draft_heads == 3
+    ref = LlamaReference(w)
     ids = np.array([1, 5, 9, 17, 23, 31, 7], np.int64)
-    sess.forward(ids)
-    hid = LlamaReference(w).hidden(ids)[-4:]  # [R=K+1, H]
-    u = np.einsum("koi,ri->rko", w.heads.w1, hid)
-    hj = hid[:, None, :] + u / (1.0 + np.exp(-u))
-    want = np.einsum("kvh,rkh->rkv", w.heads.w2, hj).argmax(-1) + w.heads.token_offset  # [R, K]
-    assert sess.head_ids.shape == (4, 3) and np.array_equal(sess.head_ids, want)
-    sess.forward(np.array([3], np.int64))  # one row: R = 1
-    assert sess.head_ids.shape == (1, 3)
+    logits = sess.forward(ids, rows=1)  # a prefill: one row, no guesses
+    hid, want = ref.hidden(ids), ref.logits(ids)
+    assert logits.shape == (1, 96) and sess.accepted == 0
+    assert np.array_equal(sess.head_ids, _heads_reference(w, hid[-1]))
+    # a verify pass: the first guess right (the argmax after 7), the second wrong
+    right = int(np.argmax(want[-1]))
+    nxt = np.array([right, (int(np.argmax(ref.logits([*ids, right])[-1])) + 1) % 96], np.int64)
+    sess.reset()
+    sess.forward(ids[:-1], rows=1)
+    rows = sess.forward(np.concatenate([ids[-1:], nxt]), rows=3)  # cur + 2 guesses
+    assert rows.shape == (3, 96) and sess.accepted == 1
+    full = np.concatenate([ids, nxt])
+    assert np.array_equal(sess.head_ids, _heads_reference(w, ref.hidden(full)[len(ids)]))
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int4", "int8"])

@@ -1,14 +1,18 @@
 """A decoder in the "fused" graph layout (sol_control.graph.llama) with its KV cache, allocated once.
 
     input_ids [1, T] int64, seqlens_k [1] int32 (= L + T - 1 + p), total_sequence_length [] int32
-    (= L + T + p), past_key_values.{i}.key|value [1, H, C, D]  ->  logits [1, T, V],
-    present.{i}.key|value [1, H, C, D]          (p = the graph's `query_pad` metadata, C = max_context + p)
+    (= L + T + p), guesses [] int64 (G), past_key_values.{i}.key|value [1, H, C, D]
+      ->  logits [1, G+1, V] (the last G+1 rows), present.{i}.key|value [1, H, C, D],
+          with draft heads: accepted [1] int64, head_ids [1, 1, K] int64
+    (p = the graph's `query_pad` metadata, C = max_context + p)
 
 Past and present of each layer are bound to one preallocated buffer of C positions
 (GroupQueryAttention's past_present_share_buffer): a call writes its new rows from L on in place and
 reads rows [0, L+T). So the cache is never copied: `rewind(n)` only moves the length, and the next
 call overwrites the dropped rows. Every binding is made once, at construction; a call writes ids
-and two lengths into preallocated arrays and rebinds `input_ids` / `logits` only when T changes.
+and three scalars into preallocated arrays and rebinds `input_ids` / `logits` only when T or the
+number of rows read changes. `forward(ids, rows)` returns the last `rows` rows' logits (default all
+T); `prefill` reads one row, so the lm_head runs once per prefill, not once per prefix token.
 
 With the query pad (the builder's default) a one-token pass gives bit for bit the logits the same
 token gets inside a multi-token verify pass, so speculative decoding equals plain greedy without
@@ -25,11 +29,11 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from .session import DecoderSession, _fast_binding, session_options
+from .session import _fast_binding, session_options
 
 _I64, _I32, _F32 = np.dtype(np.int64), np.dtype(np.int32), np.dtype(np.float32)
-LAYOUT = "sol_control.fused/1"
-INPUTS = ("input_ids", "seqlens_k", "total_sequence_length")
+LAYOUT = "sol_control.fused/2"
+INPUTS = ("input_ids", "seqlens_k", "total_sequence_length", "guesses")
 
 
 def _expect(ok: bool, where: str, what: str) -> None:
@@ -41,7 +45,8 @@ def check_fused_signature(sess: ort.InferenceSession, where: str) -> tuple[int, 
     """Validate the fused layout; return (n_layers, kv_heads, head_dim, vocab, capacity C)."""
     inputs = {i.name: i for i in sess.get_inputs()}
     outputs = {o.name: o for o in sess.get_outputs()}
-    types = {"input_ids": "tensor(int64)", "seqlens_k": "tensor(int32)", "total_sequence_length": "tensor(int32)"}
+    types = {"input_ids": "tensor(int64)", "seqlens_k": "tensor(int32)", "total_sequence_length": "tensor(int32)",
+             "guesses": "tensor(int64)"}
     for name, kind in types.items():
         _expect(name in inputs, where, f"missing input {name!r}")
         _expect(inputs[name].type == kind, where, f"input {name!r} must be {kind}, got {inputs[name].type}")
@@ -55,7 +60,7 @@ def check_fused_signature(sess: ort.InferenceSession, where: str) -> tuple[int, 
             past, present = f"past_key_values.{i}.{kind}", f"present.{i}.{kind}"
             _expect(past in inputs and inputs[past].shape == shape, where, f"input {past!r} must be {shape}")
             _expect(present in outputs and outputs[present].shape == shape, where, f"output {present!r} must be {shape}")
-    _expect(len(inputs) == 3 + 2 * n_layers, where, f"unexpected inputs {sorted(inputs)}")
+    _expect(len(inputs) == 4 + 2 * n_layers, where, f"unexpected inputs {sorted(inputs)}")
     _expect("logits" in outputs and isinstance(outputs["logits"].shape[-1], int), where,
             "output 'logits' [1, T, vocab] with a static vocab is missing")
     return n_layers, shape[1], shape[3], outputs["logits"].shape[-1], shape[2]
@@ -95,17 +100,18 @@ class FusedDecoderSession:
         self._pair = np.zeros(2, np.int64)
         self._seqlens = np.zeros(1, np.int32)  # L + T - 1 + pad
         self._total = np.zeros((), np.int32)  # L + T + pad
+        self._guesses = np.zeros((), np.int64)  # G: logits for the last G + 1 rows
         self.tokens = np.zeros(self.max_context, np.int64)  # the ids whose keys/values are in the cache
         self.length = 0
         self.calls = 0
         self._io = self.session.io_binding()
         self._bind_in, self._bind_out, self._run_bound = _fast_binding(self.session, self._io)
-        self._bind_static(capacity + self._pad)
-        self._bound_T = 0  # T that input_ids / logits are bound for
         outputs = {o.name: o for o in self.session.get_outputs()}
         self.draft_heads = int(outputs["head_ids"].shape[-1]) if "head_ids" in outputs else 0
-        self._heads = np.zeros((self.draft_heads + 1) * max(self.draft_heads, 1), np.int64)
-        self._head_rows = 0
+        self._heads = np.zeros(max(self.draft_heads, 1), np.int64)
+        self._accepted = np.zeros(1, np.int64)
+        self._bind_static(capacity + self._pad)
+        self._bound = (0, 0)  # (T, rows) that input_ids / logits are bound for
 
     def _bind_static(self, capacity: int) -> None:
         shape = (1, self.n_heads, capacity, self.head_dim)
@@ -117,6 +123,10 @@ class FusedDecoderSession:
             self._bind_out(f"present.{layer}.{name}", _F32, shape, ptr)
         self._bind_in("seqlens_k", _I32, (1,), int(self._seqlens.ctypes.data))
         self._bind_in("total_sequence_length", _I32, (), int(self._total.ctypes.data))
+        self._bind_in("guesses", _I64, (), int(self._guesses.ctypes.data))
+        if self.draft_heads:
+            self._bind_out("accepted", _I64, (1,), int(self._accepted.ctypes.data))
+            self._bind_out("head_ids", _I64, (1, 1, self.draft_heads), int(self._heads.ctypes.data))
 
     # -- cache bookkeeping ------------------------------------------------------------------
     def reset(self) -> None:
@@ -128,11 +138,39 @@ class FusedDecoderSession:
         self.length = n_keep
 
     # -- forward ----------------------------------------------------------------------------
-    # DecoderSession's own: the same cache semantics (exact-mode pairs, prefix reuse) over `_run`.
-    forward = DecoderSession.forward
-    prefill = DecoderSession.prefill
+    def forward(self, ids: np.ndarray, rows: int | None = None) -> np.ndarray:
+        """Append `ids` to the cache; return the logits [rows, vocab] of their last `rows` (default:
+        all of them): a view, valid until the next call. With draft heads, the last rows - 1 ids are
+        guesses the graph checks (`accepted`, `head_ids`)."""
+        T, L = len(ids), self.length
+        if T == 1:
+            if not 0 <= int(ids[0]) < self.vocab:
+                raise ValueError(f"{self.name}: token ids must lie in [0, {self.vocab}), got {int(ids[0])}")
+        elif T and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab):
+            raise ValueError(f"{self.name}: token ids must lie in [0, {self.vocab}), got [{ids.min()}, {ids.max()}]")
+        if T == 1 and self.min_step_tokens == 2 and L > 0:
+            self._pair[:] = self.tokens[L - 1], ids[0]
+            self.rewind(L - 1)
+            return self._run(self._pair, 1)
+        return self._run(ids, T if rows is None else rows)
 
-    def _run(self, ids: np.ndarray) -> np.ndarray:
+    def prefill(self, prefix: np.ndarray) -> np.ndarray:
+        """Make the cache hold `prefix`, reusing its longest cached leading part; return the last
+        position's logits [vocab] (with draft heads: `head_ids` guess what follows). Long prefixes
+        run in chunks of `max_step_tokens`; every chunk reads one row of logits."""
+        n = len(prefix)
+        if n == 0:
+            raise ValueError(f"{self.name}: empty prefix")
+        m = min(self.length, n)
+        same = int(np.argmin(np.append(self.tokens[:m] == prefix[:m], False)))
+        self.rewind(min(same, n - 1))  # the last prefix token is always recomputed for its logits
+        logits = None
+        while self.length < n:
+            stop = min(n, self.length + self.max_step_tokens)
+            logits = self.forward(prefix[self.length:stop], rows=1)
+        return logits[-1]
+
+    def _run(self, ids: np.ndarray, rows: int) -> np.ndarray:
         T, L = len(ids), self.length
         if T == 0:
             raise ValueError(f"{self.name}: forward needs at least one token")
@@ -140,28 +178,33 @@ class FusedDecoderSession:
             raise ValueError(f"{self.name}: {T} tokens in one step exceed max_step_tokens={self.max_step_tokens}")
         if L + T > self.max_context:
             raise ValueError(f"{self.name}: context {L}+{T} exceeds max_context={self.max_context}")
-        if T != self._bound_T:
+        assert 1 <= rows <= T, (rows, T)
+        if (T, rows) != self._bound:
             self._bind_in("input_ids", _I64, (1, T), int(self._ids.ctypes.data))
-            self._bind_out("logits", _F32, (1, T, self.vocab), int(self._logits.ctypes.data))
-            if self.draft_heads:
-                self._head_rows = min(T, self.draft_heads + 1)
-                self._bind_out("head_ids", _I64, (1, self._head_rows, self.draft_heads), int(self._heads.ctypes.data))
-            self._bound_T = T
+            self._bind_out("logits", _F32, (1, rows, self.vocab), int(self._logits.ctypes.data))
+            self._bound = (T, rows)
         self._ids[:T] = ids
         self._seqlens[0] = L + T - 1 + self._pad
         self._total[()] = L + T + self._pad
+        self._guesses[()] = rows - 1
         self._run_bound()
         self.calls += 1
         self.tokens[L:L + T] = ids
         self.length = L + T
-        return self._logits[: T * self.vocab].reshape(T, self.vocab)  # [T, vocab]
+        return self._logits[: rows * self.vocab].reshape(rows, self.vocab)  # [rows, vocab]
+
+    @property
+    def accepted(self) -> int:
+        """How many of the last call's guesses (its last rows - 1 ids) the graph accepted."""
+        assert self.draft_heads, f"{self.name} has no draft heads"
+        return int(self._accepted[0])
 
     @property
     def head_ids(self) -> np.ndarray:
-        """The draft heads' guesses of the last call [R, K] (R = min(T, K + 1) last rows; row r
-        guesses the K tokens after the one its logits predict). A view, valid until the next call."""
+        """The draft heads' guesses [K] of the last call, at its accepted row (the K tokens after
+        the one that row's logits predict). A view, valid until the next call."""
         assert self.draft_heads, f"{self.name} has no draft heads"
-        return self._heads[: self._head_rows * self.draft_heads].reshape(self._head_rows, self.draft_heads)
+        return self._heads[: self.draft_heads]
 
     def exact_rows(self, probes: int = 3) -> bool:
         """Does a one-token pass give bit for bit the logits the same token gets inside a
@@ -173,11 +216,12 @@ class FusedDecoderSession:
                 ids = rng.integers(0, self.vocab, min(6, self.max_context))
                 n = len(ids) // 2
                 self.reset()
-                self._run(ids[:n])
-                singles = [self._run(ids[i:i + 1])[0].copy() for i in range(n, len(ids))]
+                self._run(ids[:n], 1)
+                singles = [self._run(ids[i:i + 1], 1)[0].copy() for i in range(n, len(ids))]
                 self.reset()
-                self._run(ids[:n])
-                if not np.array_equal(self._run(ids[n:]), np.stack(singles)):
+                self._run(ids[:n], 1)
+                rest = ids[n:]
+                if not np.array_equal(self._run(rest, len(rest)), np.stack(singles)):
                     return False
             return True
         finally:

@@ -217,12 +217,12 @@ def speculate(draft: DecoderSession, target: DecoderSession, prefix, max_new_tok
 
 def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None = None) -> DecodeResult:
     """Self-speculative greedy decoding with the target's own draft heads (a fused graph built with
-    heads, whose `head_ids` [T, K] hold each row's guesses for the K tokens after the next). One call
+    heads: it checks the guesses itself and guesses on from the row it stopped at). One call
     verifies the previous guesses and makes the next ones:
 
-        prefill ─► token 1 (argmax), guesses 2..K+1 (heads at the prefix's last row)
-        forward([cur, g_1..g_k]) ─► accept g_i while it equals the argmax of row i-1; the first row
-            that disagrees (or row k) gives the target's own token; the heads of that row guess on
+        prefill ─► token 1 (argmax of the last row), guesses 2..K+1 (the heads at that row)
+        forward([cur, g_1..g_k], rows=k+1) ─► accepted n: g_1..g_n each equal the argmax of the row
+            before them; row n's argmax is the target's own next token, its heads guess on
 
     Output == plain greedy of the same target (greedy acceptance; the graph's rows do not depend on
     how many tokens share a pass)."""
@@ -231,15 +231,15 @@ def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None =
     prefix = _check_request(target, prefix, max_new_tokens)
     rule, stats = Rule(), DecodeStats()
     out, probs = _prefill(target, prefix, rule, stats, t0)
-    guesses = target.head_ids[-1].tolist()
+    guesses = target.head_ids.tolist()
     while len(out) < max_new_tokens and not budget.expired():
         seq_len = len(prefix) + len(out)  # committed tokens; the target holds seq_len - 1 of them
         kk = min(len(guesses), max_new_tokens - len(out) - 1)
-        t_logits = target.forward(np.array([out[-1]] + guesses[:kk], np.int64))  # [kk+1, V]
-        n, bonus = rule.accept(guesses[:kk], None, t_logits)
+        t_logits = target.forward(np.array([out[-1]] + guesses[:kk], np.int64), rows=kk + 1)  # [kk+1, V]
+        n = target.accepted
         probs += argmax_probs(t_logits[:n + 1])  # every emitted token is its row's argmax
-        out += guesses[:n] + [bonus]
-        guesses = target.head_ids[n].tolist()  # the heads of the row that gave `bonus`
+        out += guesses[:n] + [int(np.argmax(t_logits[n]))]
+        guesses = target.head_ids.tolist()  # the heads at row n: what follows the token just emitted
         stats.target_passes, stats.verify_passes = stats.target_passes + 1, stats.verify_passes + 1
         stats.proposed, stats.accepted = stats.proposed + kk, stats.accepted + n
         target.rewind(seq_len + n)

@@ -7,17 +7,21 @@ node), SiLU as `QuickGelu(alpha=1)`; linears are `MatMul` (fp32) or `MatMulNBits
 For the grasp target (3 layers) that is 39 nodes (33 without the query pad below) against the
 Optimum-style export's 125.
 
-Graph I/O, layout "sol_control.fused/1" (batch 1; model metadata: layout, precision, max_context M,
-query_pad p in {0, 1}; C = M + p, static in the graph):
+Graph I/O, layout "sol_control.fused/2" (batch 1; model metadata: layout, precision, max_context M,
+query_pad p in {0, 1}, draft_heads K; C = M + p, static in the graph):
 
     input_ids              [1, T]        int64
     seqlens_k              [1]           int32   L + T - 1 + p (L = cached positions before the call)
     total_sequence_length  []            int32   L + T + p
+    guesses                []            int64   G: the last G input ids are guesses to verify
     past_key_values.{i}.key|value  [1, kv_heads, C, head_dim] float32
-      -> logits            [1, T, vocab] float32
+      -> logits            [1, G+1, vocab] float32   the last G+1 rows only (a prefill needs 1)
          present.{i}.key|value  [1, kv_heads, C, head_dim]  (bind the SAME buffer as the past)
-         (optional) argmax [1, T] int64   ArgMax of logits over the vocabulary
-         (with draft heads) head_ids [1, R, K] int64   R = min(T, K + 1): the last R rows' guesses
+         (optional) argmax [1, G+1] int64   ArgMax of those logits
+         (with K draft heads) accepted [1] int64   n: how many leading guesses equal the argmax
+                                                   of the row before them (greedy acceptance)
+                              head_ids [1, 1, K] int64   the heads' guesses at row n (the K
+                                                   tokens after the one row n's logits predict)
 
 `GroupQueryAttention` with the past and present bound to one buffer (past_present_share_buffer)
 writes the new keys/values at rows [L, L+T+p) and attends causally over rows [0, L+T+p): a call
@@ -37,10 +41,12 @@ never runs one row, and T=1 rows equal T=k+1 rows bit for bit, for 2 extra nodes
 call on the grasp target) instead of re-running the previous token (~25 µs a step). Kernel choice
 is ONNX Runtime's and the CPU's: `FusedDecoderSession.exact_rows()` checks it where it runs.
 
-Draft heads (`weights.heads`, K of them): on the last K + 1 rows (a verify pass has at most K + 1,
-and of a prefill only the last row is read), head j guesses the token after the next one; so one
-call verifies the previous guesses and makes the next ones (decoding.speculate_heads). The heads
-stay fp32 at every precision (~0.5 M multiply-adds a row for 4 heads on the grasp target).
+Only the rows a caller reads leave the body: a prefill reads its last row, a verify pass of G
+guesses G + 1 rows, so the lm_head runs on G + 1 rows, not T. Draft heads (`weights.heads`, K of
+them): the graph checks the guesses itself (the first mismatch between a guess and the argmax of
+the row before it) and runs the heads on that one row, where head j guesses the token j + 1 after
+the row's own; so one call verifies the previous guesses and makes the next ones
+(decoding.speculate_heads). The heads stay fp32 at every precision.
 
 Precisions ("fp32", "int4", "int8"): the quantized ones put every linear into `MatMulNBits`
 (block `block_size` along the input features, `accuracy_level` 4 = int8 activations):
@@ -63,10 +69,10 @@ import numpy as np
 from . import quant
 from .weights import LlamaWeights
 
-LAYOUT = "sol_control.fused/1"
+LAYOUT = "sol_control.fused/2"
 PRECISIONS = ("fp32", "int4", "int8")
-INPUT_IDS, SEQLENS_K, TOTAL_LEN, LOGITS, ARGMAX, HEAD_IDS = (
-    "input_ids", "seqlens_k", "total_sequence_length", "logits", "argmax", "head_ids")
+INPUT_IDS, SEQLENS_K, TOTAL_LEN, GUESSES, LOGITS, ARGMAX, HEAD_IDS, ACCEPTED = (
+    "input_ids", "seqlens_k", "total_sequence_length", "guesses", "logits", "argmax", "head_ids", "accepted")
 OPSET, MS_DOMAIN, IR_VERSION = 21, "com.microsoft", 10
 
 
@@ -215,29 +221,59 @@ def _layer(g: _Writer, weights: LlamaWeights, opts: BuildOptions, i: int, x: str
     return _linear(g, prod, f"{p}.mlp", [f"{p}.mlp.down_proj.weight"], weights, opts, bits, sym), resid2
 
 
-def _draft_heads(g: _Writer, h: str, weights: LlamaWeights) -> None:
-    """head_ids [1, R, K] from the final hidden state h [1, T, H] (R = min(T, K + 1) last rows)."""
+def _last_rows(g: _Writer, h: str) -> str:
+    """h [1, T, H] -> its last G + 1 rows (G = the `guesses` input)."""
+    g.const("rows.one", np.array(1, np.int64))
+    g.const("rows.end", np.array([np.iinfo(np.int64).max], np.int64))
+    g.const("rows.axis1", np.array([1], np.int64))
+    n_rows = g.node("Add", [GUESSES, "rows.one"], ["rows.n"])[0]
+    start = g.node("Neg", [n_rows], ["rows.start_scalar"])[0]
+    g.const("rows.shape1", np.array([1], np.int64))
+    start1 = g.node("Reshape", [start, "rows.shape1"], ["rows.start"])[0]
+    return g.node("Slice", [h, start1, "rows.end", "rows.axis1"], ["rows.h"])[0]  # [1, G+1, H]
+
+
+def _acceptance(g: _Writer, best: str) -> str:
+    """accepted [1]: the index of the first guess that differs from the argmax of the row before it
+    (G when all agree). best [1, G+1] = the rows' argmax; the guesses are input_ids' last G."""
+    g.const("acc.zero", np.array([0], np.int64))
+    g.const("acc.minus1", np.array([-1], np.int64))
+    g.const("acc.axis1", np.array([1], np.int64))
+    g.const("acc.two", np.array([2], np.int64))
+    t = g.node("Slice", [g.node("Shape", [INPUT_IDS], ["acc.shape"])[0], "acc.axis1", "acc.two"], ["acc.t"])[0]
+    start = g.node("Sub", [t, g.node("Reshape", [GUESSES, "rows.shape1"], ["acc.g1"])[0]], ["acc.start"])[0]
+    guess = g.node("Slice", [INPUT_IDS, start, "rows.end", "acc.axis1"], ["acc.guess"])[0]  # [1, G]: T-G..
+    before = g.node("Slice", [best, "acc.zero", "acc.minus1", "acc.axis1"], ["acc.before"])[0]  # [1, G]
+    differ = g.node("Not", [g.node("Equal", [guess, before], ["acc.same"])[0]], ["acc.differ"])[0]
+    g.const("acc.stop", np.ones((1, 1), bool))  # an always-differing sentinel after the last guess
+    flags = g.node("Concat", [differ, "acc.stop"], ["acc.flags"], axis=1)[0]  # [1, G+1]
+    as_int = g.node("Cast", [flags], ["acc.flags_i"], to=6)[0]  # int32: ArgMax takes no bool
+    return g.node("ArgMax", [as_int], [ACCEPTED], axis=1, keepdims=0)[0]  # the first 1
+
+
+def _draft_heads(g: _Writer, rows: str, best: str, weights: LlamaWeights) -> None:
+    """accepted [1] and head_ids [1, 1, K] from the selected rows' hidden states rows [1, G+1, H]."""
     heads, hidden = weights.heads, weights.config.hidden_size
     k = heads.k
-    g.const("heads.last_rows", np.array([-(k + 1)], np.int64))
-    g.const("heads.end", np.array([np.iinfo(np.int64).max], np.int64))
-    g.const("heads.axis1", np.array([1], np.int64))
-    rows = g.node("Slice", [h, "heads.last_rows", "heads.end", "heads.axis1"], ["heads.h"])[0]  # [1, R, H]
+    n = _acceptance(g, best)
+    row = g.node("Gather", [rows, n], ["heads.h"], axis=1)[0]  # [1, 1, H]
     w1 = g.const("heads.w1", np.ascontiguousarray(heads.w1.transpose(2, 0, 1).reshape(hidden, k * hidden)))
-    u = g.node("MatMul", [rows, w1], ["heads.u"])[0]  # [1, R, K*H]
-    g.const("heads.shape", np.array([1, -1, k, hidden], np.int64))
-    u4 = g.node("Reshape", [u, "heads.shape"], ["heads.u4"])[0]  # [1, R, K, H]
-    act = g.node("QuickGelu", [u4], ["heads.silu"], MS_DOMAIN, alpha=1.0)[0]
-    g.const("heads.axis2", np.array([2], np.int64))
-    base = g.node("Unsqueeze", [rows, "heads.axis2"], ["heads.h4"])[0]  # [1, R, 1, H]
-    hj = g.node("Add", [base, act], ["heads.hj"])[0]  # [1, R, K, H]
-    hk = g.node("Transpose", [hj], ["heads.hk"], perm=[0, 2, 1, 3])[0]  # [1, K, R, H]
+    u = g.node("MatMul", [row, w1], ["heads.u"])[0]  # [1, 1, K*H]
+    g.const("heads.shape", np.array([k, hidden], np.int64))
+    u2 = g.node("Reshape", [u, "heads.shape"], ["heads.u2"])[0]  # [K, H]
+    act = g.node("QuickGelu", [u2], ["heads.silu"], MS_DOMAIN, alpha=1.0)[0]
+    g.const("heads.row_shape", np.array([1, hidden], np.int64))
+    base = g.node("Reshape", [row, "heads.row_shape"], ["heads.h2"])[0]  # [1, H]
+    hj = g.node("Add", [base, act], ["heads.hj"])[0]  # [K, H]
+    g.const("heads.axis1", np.array([1], np.int64))
+    hk = g.node("Unsqueeze", [hj, "heads.axis1"], ["heads.hk"])[0]  # [K, 1, H]
     w2 = g.const("heads.w2", np.ascontiguousarray(heads.w2.transpose(0, 2, 1)))  # [K, H, n_out]
-    logits = g.node("MatMul", [hk, w2], ["heads.logits"])[0]  # [1, K, R, n_out]
-    best = g.node("ArgMax", [logits], ["heads.best"], axis=-1, keepdims=0)[0]  # [1, K, R]
-    ids = g.node("Transpose", [best], ["heads.ids"], perm=[0, 2, 1])[0]  # [1, R, K]
+    logits = g.node("MatMul", [hk, w2], ["heads.logits"])[0]  # [K, 1, n_out]
+    ids = g.node("ArgMax", [logits], ["heads.best"], axis=-1, keepdims=0)[0]  # [K, 1]
+    g.const("heads.out_shape", np.array([1, 1, k], np.int64))
+    ids3 = g.node("Reshape", [ids, "heads.out_shape"], ["heads.ids"])[0]
     g.const("heads.offset", np.array(heads.token_offset, np.int64))
-    g.node("Add", [ids, "heads.offset"], [HEAD_IDS])
+    g.node("Add", [ids3, "heads.offset"], [HEAD_IDS])
 
 
 def _io(weights: LlamaWeights, C: int, argmax: bool) -> tuple[list, list]:
@@ -247,16 +283,18 @@ def _io(weights: LlamaWeights, C: int, argmax: bool) -> tuple[list, list]:
     kv = [1, c.n_kv_heads, C, c.head_dim]
     inputs = [helper.make_tensor_value_info(INPUT_IDS, TensorProto.INT64, [1, "T"]),
               helper.make_tensor_value_info(SEQLENS_K, TensorProto.INT32, [1]),
-              helper.make_tensor_value_info(TOTAL_LEN, TensorProto.INT32, [])]
-    outputs = [helper.make_tensor_value_info(LOGITS, TensorProto.FLOAT, [1, "T", c.vocab_size])]
+              helper.make_tensor_value_info(TOTAL_LEN, TensorProto.INT32, []),
+              helper.make_tensor_value_info(GUESSES, TensorProto.INT64, [])]
+    outputs = [helper.make_tensor_value_info(LOGITS, TensorProto.FLOAT, [1, "R", c.vocab_size])]
     for i in range(c.n_layers):
         for kind in ("key", "value"):
             inputs.append(helper.make_tensor_value_info(past_name(i, kind), TensorProto.FLOAT, kv))
             outputs.append(helper.make_tensor_value_info(present_name(i, kind), TensorProto.FLOAT, kv))
     if argmax:
-        outputs.append(helper.make_tensor_value_info(ARGMAX, TensorProto.INT64, [1, "T"]))
+        outputs.append(helper.make_tensor_value_info(ARGMAX, TensorProto.INT64, [1, "R"]))
     if weights.heads is not None:
-        outputs.append(helper.make_tensor_value_info(HEAD_IDS, TensorProto.INT64, [1, "R", weights.heads.k]))
+        outputs.append(helper.make_tensor_value_info(ACCEPTED, TensorProto.INT64, [1]))
+        outputs.append(helper.make_tensor_value_info(HEAD_IDS, TensorProto.INT64, [1, 1, weights.heads.k]))
     return inputs, outputs
 
 
@@ -284,11 +322,12 @@ def build_graph(weights: LlamaWeights, opts: BuildOptions):
                epsilon=c.rms_norm_eps)[0]
     head_bits = None if opts.precision == "fp32" else opts.head_bits
     head_sym = head_bits == 8 or opts.body_symmetric  # 8-bit heads: symmetric, as the shipped int4
-    _linear(g, h, LOGITS, [weights.lm_head_name], weights, opts, head_bits, head_sym)
-    if opts.argmax:
-        g.node("ArgMax", [LOGITS], [ARGMAX], axis=-1, keepdims=0)
+    rows = _last_rows(g, h)
+    _linear(g, rows, LOGITS, [weights.lm_head_name], weights, opts, head_bits, head_sym)
+    if opts.argmax or weights.heads is not None:
+        best = g.node("ArgMax", [LOGITS], [ARGMAX if opts.argmax else "rows.argmax"], axis=-1, keepdims=0)[0]
     if weights.heads is not None:
-        _draft_heads(g, h, weights)
+        _draft_heads(g, rows, best, weights)
     inputs, outputs = _io(weights, C, opts.argmax)
     graph = helper.make_graph(g.nodes, "decoder", inputs, outputs, initializer=g.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)],
