@@ -49,3 +49,13 @@ def renice_session(nice: int) -> str:
     except OSError as e:
         return f"; session (autogroup) nice unchanged: {e}"
     return " and on its session (autogroup)"
+
+
+def renice_process(nice: int, skip: set[int]) -> tuple[bool, str]:
+    """Every thread but `skip` to `nice`, and the session where that is ours to set (renice_threads,
+    renice_session): (all threads changed, what was done, for the log)."""
+    done, failed = renice_threads(nice, skip)
+    if failed:
+        return False, f"nice {nice}: {failed}; {done} threads changed"
+    return True, f"nice {nice} on {done} threads{renice_session(nice)}"
+

@@ -54,3 +54,13 @@ class Startup:
             out[name] = age - prev
             prev = age
         return out
+
+    def key_values(self) -> dict[str, str]:
+        """For /diagnostics: startup.<phase>_s for every phase and detail."""
+        return {f"startup.{k}_s": f"{v:.3f}" for k, v in {**self.phases_s(), **self.detail}.items()}
+
+    def summary(self, final: str) -> str:
+        """One log line: the process age at mark `final`, and where the time went."""
+        parts = [f"{k} {v:.2f}" for k, v in {**self.phases_s(), **self.detail}.items()]
+        return f"{final} {self.marks[final]:.2f} s after the process started ({', '.join(parts)} s)"
+

@@ -169,7 +169,7 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
             self._renice(self.cfg.nice)
         self._state = "active"
         self.startup.mark("active")
-        self._log_startup()
+        self.get_logger().info(self.startup.summary("active"))
         return result
 
     def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
@@ -177,11 +177,6 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
         self._destroy_publishers()
         self._state = "inactive"
         return super().on_deactivate(state)
-
-    def _log_startup(self) -> None:
-        s = self.startup
-        parts = [f"{k} {v:.2f}" for k, v in s.phases_s().items()] + [f"{k} {v:.2f}" for k, v in s.detail.items()]
-        self.get_logger().info(f"active {s.marks['active']:.2f} s after the process started ({', '.join(parts)} s)")
 
     def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
         return self._released("unconfigured")
@@ -199,11 +194,8 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
 
     def _renice(self, nice: int) -> None:
         """Every thread of this process (executor, runners, DDS) to `nice`, except the shadow audit."""
-        done, failed = priority.renice_threads(nice, self.cop.background_thread_ids() if self.cop else set())
-        if failed:
-            self.get_logger().warning(f"nice {nice}: {failed}; {done} threads changed")
-        else:
-            self.get_logger().info(f"nice {nice} on {done} threads{priority.renice_session(nice)}")
+        ok, what = priority.renice_process(nice, self.cop.background_thread_ids() if self.cop else set())
+        (self.get_logger().info if ok else self.get_logger().warning)(what)
 
     def _stop_runners(self) -> None:
         for runner in self.runners.values():
@@ -324,11 +316,9 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
                 extra[task]["late_results_discarded"] = runner.watchdog.discarded
         err = self.config_error or self._param_error
         self.energy.update()
-        phases = {**self.startup.phases_s(), **self.startup.detail}
-        startup = {f"startup.{k}_s": f"{v:.3f}" for k, v in phases.items()}
         msg = self.stats.to_msg(self.get_clock().now().to_msg(), self._state, err, extra,
                                 sum(r.frames.superseded for r in self.runners.values()), self.energy,
-                                self.get_namespace().strip("/"), startup)
+                                self.get_namespace().strip("/"), self.startup.key_values())
         self._diag_pub.publish(msg)
 
     def _log_limited(self, key: str, text: str) -> None:
