@@ -94,7 +94,7 @@ class DecoderSpec(Strict):
     hidden_size: int = Field(gt=0)
     params: int | None = Field(None, gt=0)
     files: dict[Precision, str] = Field(default_factory=dict)  # precision -> file (Optimum layout)
-    fused: dict[Precision, str] = Field(default_factory=dict)  # precision -> file (sol_control.fused/1)
+    fused: dict[Precision, str] = Field(default_factory=dict)  # precision -> file (sol_control.fused/2)
     draft_heads: int = Field(0, ge=0, le=16)  # guessing heads in the fused graphs (0 = none)
 
     @model_validator(mode="after")

@@ -493,7 +493,7 @@ def _copy_bundle(dst: Path) -> Path:
 
 def test_corrupted_bundle_node_stays_unconfigured_with_clear_reason(tmp_path):
     bundle = _copy_bundle(tmp_path / "qc")
-    p = bundle / "target_int8.onnx"
+    p = bundle / "target_fused_int8.onnx"
     data = bytearray(p.read_bytes())
     data[len(data) // 3] ^= 0x01  # one flipped bit, same size
     p.write_bytes(bytes(data))
@@ -504,7 +504,7 @@ def test_corrupted_bundle_node_stays_unconfigured_with_clear_reason(tmp_path):
             node.log()
         st = probe.last_diag()["sol_control: node"]
         assert st["level"] == 2 and st["state"] == "unconfigured"
-        assert "sha256 mismatch for 'target_int8.onnx'" in st["message"], st["message"]
+        assert "sha256 mismatch for 'target_fused_int8.onnx'" in st["message"], st["message"]
         assert node.alive()  # stays up so a lifecycle manager can retry
         assert probe.pubs["image"].get_subscription_count() == 0  # no inputs taken while unconfigured
     finally:
@@ -521,9 +521,9 @@ def test_swapped_bundle_file_fails_configure_in_process(tmp_path):
     from sol_control.coprocessor import Coprocessor
 
     bundle = _copy_bundle(tmp_path / "qc")
-    shutil.copy(bundle / "target_int4.onnx", bundle / "target_int8.onnx")  # another real model in its place
+    shutil.copy(bundle / "target_fused_int4.onnx", bundle / "target_fused_int8.onnx")  # another real model in its place
     cfg = from_flat({"mode": "qc", "qc.bundle": str(bundle), "audit_rate": 0.0})
-    with pytest.raises(ValueError, match=r"'target_int8.onnx' is \d+ bytes, manifest says \d+"):
+    with pytest.raises(ValueError, match=r"'target_fused_int8.onnx' is \d+ bytes, manifest says \d+"):
         Coprocessor(cfg)
 
 
@@ -602,11 +602,11 @@ def test_bad_signature_inside_a_bundle_fails_configure(tmp_path):
     from sol_control.coprocessor import Coprocessor
 
     bundle = _copy_bundle(tmp_path / "qc")
-    _decoder_like(bundle / "target_int8.onnx", rename_input="pixel_values")
+    _decoder_like(bundle / "target_fused_int8.onnx", rename_input="pixel_values")
     data = json.loads((bundle / "manifest.json").read_text())
     write_manifest(bundle, data)  # re-signed: sha256 passes, the signature check must catch it
     cfg = from_flat({"mode": "qc", "qc.bundle": str(bundle), "audit_rate": 0.0})
-    with pytest.raises(ValueError, match="target_int8.onnx: missing input 'input_ids'"):
+    with pytest.raises(ValueError, match="target_fused_int8.onnx: missing input 'input_ids'"):
         Coprocessor(cfg)
 
 
