@@ -2,7 +2,7 @@
 ONNX Runtime GenAI on the same weights, per runtime call and per decision, in alternating rounds.
 
 Variants (all from the bundle's fp32 target weights, one ORT thread unless --threads):
-    export fp32 / int4 / int8      DecoderSession on the shipped Optimum-layout files
+    export fp32 (/ int4 / int8)    DecoderSession on the bundle's Optimum-layout files
     fused fp32 / int4 / int8       FusedDecoderSession on graphs built here by build_decoder (query pad
                                    on: one-token rows equal verify rows), int4 also with blocks of 128
     fused int4 no pad              the same graph without the query pad
@@ -10,7 +10,9 @@ Variants (all from the bundle's fp32 target weights, one ORT thread unless --thr
     ..., lean loop                 greedy without per-token probabilities/stats (the loop's own cost)
     genai-graph int4 / fp32        ORT GenAI's builder graph run by plain onnxruntime (shared KV
                                    buffer, attention_mask), through `GenAIGraphSession` below
-    og.Generator int4              ORT GenAI's own loop (`sol_control.bench.peers.genai_decide`)
+    bundle int4/int8 + heads[, warm]  the shipped fused files, speculating with their draft heads;
+                                   warm keeps the previous frame's cache (static-first prefix reuse)
+    og.Generator int4              ORT GenAI's own loop (`sol_control.bench.peers.ort_genai.genai_decide`)
 The GenAI rows need `onnxruntime_genai` (dev extra) to build their graphs; they are skipped without it.
 
     python -m sol_control.bench.engine_v2 [--bundle models/grasp] [--rounds 9] [--json out.json]
@@ -114,7 +116,8 @@ def genai_graphs(bundle, out: Path) -> dict[str, Path]:
     except ImportError:
         print("note: onnxruntime_genai not installed (make venv-train): GenAI rows skipped", file=sys.stderr)
         return {}
-    from .peers import genai_convert, hf_folders
+    from .peers import hf_folders
+    from .peers.ort_genai import genai_convert
 
     hf_target, _ = hf_folders(bundle)
     return {f"genai-graph {p}": genai_convert(hf_target, out / f"genai_{p}", p, threads=1) / "model.onnx"
@@ -200,6 +203,27 @@ def decide_fn(sess, new_tokens: int):
         sess.reset()
         return greedy(sess, prefix, new_tokens).tokens
     return decide
+
+
+def heads_deciders(bundle, new_tokens: int, threads: int) -> dict:
+    """The shipped fused files with their draft heads, as the node runs them: cold (a reset per
+    decision, as every other row here) and warm (the cache kept from the previous frame, so a
+    static-first prefix is not computed again)."""
+    from ..decoding import open_decoder, speculate_heads
+
+    out = {}
+    if not bundle.manifest.target.draft_heads:
+        return out
+    for prec in ("int4", "int8"):
+        for warm in (False, True):
+            sess = open_decoder(bundle, "target", prec, threads, name=f"bundle {prec} + heads")
+
+            def decide(prefix, sess=sess, warm=warm):
+                if not warm:
+                    sess.reset()
+                return speculate_heads(sess, prefix, new_tokens).tokens
+            out[f"bundle {prec} + heads{', warm' if warm else ''}"] = decide
+    return out
 
 
 def og_reused_decide(model_dir: Path, max_context: int, new_tokens: int):
@@ -304,8 +328,9 @@ def run_bench(bundle, rounds: int, decisions: int, threads: int, agreement_n: in
     deciders = {name: decide_fn(s, new_tokens) for name, s in sess.items()}
     for name in ("fused int4", "fused int4 b128 exact"):
         deciders[f"{name}, lean loop"] = lean_decide(sess[name], new_tokens)
+    deciders.update(heads_deciders(bundle, new_tokens, threads))
     if "genai-graph int4" in paths:
-        from .peers import genai_decide
+        from .peers.ort_genai import genai_decide
 
         og_decide = genai_decide(paths["genai-graph int4"].parent, new_tokens)  # as the peer bench runs it
         deciders["og.Generator int4 (new)"] = lambda prefix: og_decide([int(t) for t in prefix])[0]
@@ -331,16 +356,16 @@ def print_report(rep: dict) -> None:
           f"of prefill {rep['prefix_len']} + {rep['new_tokens'] - 1} greedy steps")
     for title, key in (("per call, wall µs", "per_call_us"), ("per call, thread-CPU µs", "per_call_cpu_us")):
         calls = rep[key]
-        base = calls.get("export int4")
+        base = calls.get("genai-graph int4")
         print(f"\n{title} (T new tokens after the {rep['prefix_len']}-token prefix; prefill = those {rep['prefix_len']})")
-        print(table(["variant", "prefill", "T=1", "T=5", "T=16", "T=1 vs export int4"],
+        print(table(["variant", "prefill", "T=1", "T=5", "T=16", "T=1 vs genai-graph int4"],
                     [[n, f"{c['prefill']:.0f}", f"{c[1]:.0f}", f"{c[5]:.0f}", f"{c[16]:.0f}",
                       f"{base[1] / c[1]:.2f}x" if base else "-"] for n, c in calls.items()]))
     wall, cpu = rep["per_decision_ms"], rep["per_decision_cpu_ms"]
     print(f"\nper decision (load average {rep['load']:.2f} at the end): wall ms, and CPU ms of the deciding thread")
-    print(table(["variant", "wall p50", "min-max", "CPU p50", "vs export int4 (CPU)", "vs og.Generator int4 (CPU)"],
+    print(table(["variant", "wall p50", "min-max", "CPU p50", "vs og.Generator int4 (CPU)"],
                 [[n, f"{np.median(v):.2f}", f"{min(v):.2f}-{max(v):.2f}", f"{np.median(cpu[n]):.2f}",
-                  _ratio(cpu, "export int4", n), _ratio(cpu, "og.Generator int4", n)] for n, v in wall.items()]))
+                  _ratio(cpu, "og.Generator int4", n)] for n, v in wall.items()]))
     print()
     head = ["variant", "nodes written", "after ORT opt", "rows T=k+1 == T=1", "max |diff|", "= fp32 (ref)", "= fp32 (test)"]
     rows = []
