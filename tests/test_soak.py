@@ -55,7 +55,7 @@ def test_soak_60s_at_3x(tmp_path):
         assert len(s["window_p99_ms"]) >= 3
     assert res["rss_growth_mb"] < 5.0, res["rss_mb"]
     # the co-processor's own cost per decision does not creep up (independent of other load)
-    assert abs(res["cpu_drift"]) < 0.25, res["cpu_ms_per_decision"]
+    assert abs(res["cpu_drift"]) < 0.25, {t: s["cpu_ms_per_decision"] for t, s in res["tasks"].items()}
     # Wall-clock p99 per 10-s window: stable, or, on shared CI cores, drifting only with the machine:
     # then the co-processor's own CPU per decision stayed flat (< 10 %) while the p99 moved.
     print("window p99:", {t: s["window_p99_ms"] for t, s in res["tasks"].items()}, "load:", res["load_1min"])

@@ -1,5 +1,5 @@
-"""Draft heads on a trained target (Medusa style), distilled from the target's own greedy choices
-(dev-only, torch).
+"""Draft heads for a target (multi-token prediction, Medusa style): trained with the target or on a
+frozen one (dev-only, torch).
 
 A head j (1..K) reads the target's final hidden state h at position t and guesses the token at
 t + 1 + j, one step further than the target's own next-token logits:
@@ -8,10 +8,15 @@ t + 1 + j, one step further than the target's own next-token logits:
     id_j = argmax(W2_j h_j) + lo    # W2_j: [n_out, hidden] over the action tokens [lo, lo + n_out)
 
 The heads live in the target's fused graph (sol_control/graph/llama.py), so one runtime call both
-verifies the previous guesses and makes the next ones. They are trained on frozen target hidden
-states: the target's weights (and so its outputs) do not change. Labels are the target's greedy
-continuations of training-split prefixes, so a head learns to predict the target, not the teacher.
-W2 starts from the target's lm_head rows and W1 from zero: every head starts as "the next token".
+verifies the previous guesses and makes the next ones. W2 starts from the target's lm_head rows and
+W1 from zero: every head starts as "the next token".
+
+Two ways to train them:
+- with the target (what `make models` does): `Heads` and `head_examples` here, the loss added to the
+  target's by tools/train.py (`heads=`, `heads_weight=`) on the teacher's tokens;
+- afterwards, on a frozen target (this command, Medusa style): labels are the target's greedy
+  continuations of training-split prefixes, so a head learns to predict the target. On grasp this
+  accepted ~30 % fewer guesses than joint training.
 
     python tools/train_heads.py --task grasp --heads 4        # -> .work/grasp/heads.npz
 """
