@@ -132,6 +132,19 @@ def test_int4_generates_from_its_bundle(tiny, tmp_path):
     assert got["precision"] == "int4" and 1 <= len(got["tokens"]) <= 8
 
 
+def test_exact_int4_generates_the_reference_tokens(tiny, tmp_path):
+    """--int4-mode exact (fp32 activations and head): the GGUF's own numbers, so greedy tokens equal
+    the numpy reference on the dequantized weights."""
+    path, _, weights = tiny
+    bundle = tmp_path / "exact"
+    assert main(["import", str(path), "--out", str(bundle), "--quantize", "int4", "--int4-mode", "exact"]) == 0
+    assert Bundle.load(bundle).manifest.metrics["import"]["target"]["int4_options"]["accuracy_level"] == 0
+    for prompt in PROMPTS:
+        got = generate(bundle, tmp_path, "--prompt-ids", ",".join(map(str, prompt)), "--max-new-tokens", "12",
+                       "--precision", "int4")
+        assert got["tokens"] == LlamaReference(weights).greedy(prompt, 12, STOPS)
+
+
 def test_generation_stops_at_a_stop_id(tiny, tmp_path):
     """A stop id the reference emits at step 4 (stop ids edited in a copy's manifest) ends the answer there."""
     _, bundle, weights = tiny

@@ -5,7 +5,8 @@ Sources (what SRC is, told by its content, never by its name):
   (numpy + gguf, no torch); the fused decoder graphs are written by `sol_control.graph.llama`, one
   per precision: fp32 always, int8 / int4 on `--quantize`. int4 carries the file's Q4_1 blocks over
   exactly (uint8 zero point 0 + a separate fp32 "mins" term, see docs/LM.md); tensors in other
-  formats are quantized by round to nearest. The tokenizer, stop ids and chat template come from
+  formats are quantized by round to nearest. `--int4-mode fast` (default) runs int4 with int8
+  activations and an 8-bit head; `exact` with fp32 activations and an fp32 head, the GGUF's numbers. The tokenizer, stop ids and chat template come from
   the file's metadata.
 - an Optimum / Hugging Face ONNX export folder in the decoder-with-past layout (`model.onnx`,
   `config.json`, `tokenizer.json`, optionally `model.onnx_data`, `generation_config.json`,
@@ -81,9 +82,17 @@ def _parse_quantize(text: str) -> tuple[str, ...]:
 
 
 # -- GGUF --------------------------------------------------------------------------------------
+INT4_MODES = {  # graph builder options of an int4 graph (docs/LM.md, "int4 modes")
+    "fast": {"accuracy_level": 4, "head_bits": 8},  # int8 activations, 8-bit head
+    "exact": {"accuracy_level": 0, "head_bits": None},  # fp32 activations, fp32 head: the GGUF's own numbers
+}
+
+
 def import_gguf(src: Path, out: Path, role: str, quantize: tuple[str, ...], max_context: int | None,
-                int4_zero_points: str = "mins") -> Imported:
+                int4_mode: str = "fast") -> Imported:
     """Write the fused decoder graphs of a GGUF file into `out` as `{role}_{precision}.onnx`."""
+    if int4_mode not in INT4_MODES:
+        raise ValueError(f"--int4-mode must be one of {sorted(INT4_MODES)}, got {int4_mode!r}")
     from sol_control.graph.llama import build_decoder
     from sol_control.lm.gguf_reader import gguf_field, open_gguf, read_gguf_weights
     from sol_control.lm.tokenizer import read_gguf_tokenizer
@@ -100,7 +109,7 @@ def import_gguf(src: Path, out: Path, role: str, quantize: tuple[str, ...], max_
         name = f"{role}_{precision}.onnx"
         options = {"max_context": context}
         if precision == "int4":
-            options["int4_zero_points"] = int4_zero_points
+            options.update(int4_zero_points="mins", **INT4_MODES[int4_mode])
         build_decoder(weights, out / name, precision, **options)
         fused[precision], build_s[precision] = name, round((time.monotonic_ns() - t1) / 1e9, 2)
         written.append(name)
@@ -114,7 +123,8 @@ def import_gguf(src: Path, out: Path, role: str, quantize: tuple[str, ...], max_
         eos_id=gguf_field(reader, "tokenizer.ggml.eos_token_id", None),
         bos_token=tok.bos_token, eos_token=tok.eos_token,
         source={"kind": "gguf", "file": src.name, "int4_linears_exact": len(weights.int4),
-                "int4_zero_points": int4_zero_points if "int4" in quantize else None,
+                "int4_mode": int4_mode if "int4" in quantize else None,
+                "int4_options": {"int4_zero_points": "mins", **INT4_MODES[int4_mode]} if "int4" in quantize else None,
                 "model_max_context": c.max_context, "build_s": build_s,
                 "import_s": round((time.monotonic_ns() - t0) / 1e9, 2)})
 
@@ -191,9 +201,10 @@ def import_optimum(src: Path, out: Path, role: str, max_context: int | None) -> 
 
 
 # -- the bundle --------------------------------------------------------------------------------
-def _import(src: Path, out: Path, role: str, quantize: tuple[str, ...], max_context: int | None) -> Imported:
+def _import(src: Path, out: Path, role: str, quantize: tuple[str, ...], max_context: int | None,
+            int4_mode: str = "fast") -> Imported:
     if source_kind(src) == "gguf":
-        return import_gguf(src, out, role, quantize, max_context)
+        return import_gguf(src, out, role, quantize, max_context, int4_mode)
     if quantize:
         raise ValueError(f"--quantize applies to GGUF sources; {str(src)!r} is an ONNX export, copied as fp32")
     return import_optimum(src, out, role, max_context)
@@ -244,7 +255,8 @@ def smoke_check(bundle: Bundle, threads: int = 1) -> dict[str, bool]:
 
 
 def import_model(src: str | Path, out: str | Path, quantize: tuple[str, ...] = (), draft: str | Path | None = None,
-                 name: str | None = None, max_context: int | None = None, check: bool = True) -> Manifest:
+                 name: str | None = None, max_context: int | None = None, check: bool = True,
+                 int4_mode: str = "fast") -> Manifest:
     """Import `src` (and `draft`) into the new bundle folder `out`; return its manifest."""
     src, out = Path(src), Path(out)
     source_kind(src)
@@ -255,8 +267,10 @@ def import_model(src: str | Path, out: str | Path, quantize: tuple[str, ...] = (
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"--out {str(out)!r} exists and is not an empty folder (not overwritten)")
     out.mkdir(parents=True, exist_ok=True)
-    target = _import(src, out, "target", quantize, max_context)
-    drafted = _import(Path(draft), out, "draft", quantize, max_context) if draft is not None else None
+    if int4_mode not in INT4_MODES:
+        raise ValueError(f"--int4-mode must be one of {sorted(INT4_MODES)}, got {int4_mode!r}")
+    target = _import(src, out, "target", quantize, max_context, int4_mode)
+    drafted = _import(Path(draft), out, "draft", quantize, max_context, int4_mode) if draft is not None else None
     if drafted is not None and drafted.vocab_size != target.vocab_size:
         raise ValueError(f"draft vocabulary {drafted.vocab_size} differs from the target's {target.vocab_size}")
     if target.tokenizer_json is not None:
@@ -278,13 +292,15 @@ def add_arguments(p) -> None:
     p.add_argument("--name", default=None, help="bundle name (default: the source's file name)")
     p.add_argument("--max-context", type=int, default=None,
                    help="KV cache length (default and upper bound: the model's own context)")
+    p.add_argument("--int4-mode", choices=sorted(INT4_MODES), default="fast",
+                   help="int4 graphs: fast (int8 activations, 8-bit head) or exact (fp32 activations and head)")
     p.add_argument("--no-check", action="store_true", help="skip running one token through each decoder")
 
 
 def run(args) -> int:
     t0 = time.monotonic_ns()
     m = import_model(args.src, args.out, _parse_quantize(args.quantize), args.draft, args.name,
-                     args.max_context, check=not args.no_check)
+                     args.max_context, check=not args.no_check, int4_mode=args.int4_mode)
     size_mb = sum(e.size_bytes for e in m.files.values()) / 1e6
     print(f"bundle {args.out}: {m.name}, target {list(m.target.precisions)}"
           f"{', draft ' + str(list(m.draft.precisions)) if m.draft else ''}, vocab {m.vocab.size}, "
