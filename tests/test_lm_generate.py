@@ -26,7 +26,7 @@ from sol_control.bundle import Bundle, write_manifest
 from sol_control.cli import main
 from sol_control.lm.ggml_q4 import q4_1_nibbles
 from sol_control.lm.gguf_reader import read_gguf_weights, unpermute_rows
-from sol_control.lm.gguf_writer import gguf_name, write_llama_gguf
+from sol_control.lm.gguf_writer import finish_gguf, gguf_name, llama_gguf_writer, write_llama_gguf
 from sol_control.lm.reference import LlamaReference
 from sol_control.lm.tiny import CHATML, random_llama, tiny_config, tiny_vocab
 
@@ -66,7 +66,8 @@ def test_import_writes_an_lm_manifest(tiny):
     assert m.vocab.observation is None and m.vocab.action is None and m.actions == ()
     assert m.tokenizer.file == "tokenizer.json" and b.path("chat_template.jinja").read_text() == CHATML
     tok = Tokenizer.from_file(str(b.path("tokenizer.json")))
-    assert tok.token_to_id("<|im_end|>") == 2 and tok.decode(tok.encode("the part on belt 2").ids) == "the part on belt 2"
+    assert tok.token_to_id("<|im_end|>") == 2
+    assert tok.decode(tok.encode("the part on belt 2").ids) == "the part on belt 2"
     assert m.metrics["import"]["target"]["int4_linears_exact"] == 7 * weights.config.n_layers
     assert set(m.files) == {"target_fp32.onnx", "target_int4.onnx", "tokenizer.json", "chat_template.jinja"}
 
@@ -185,7 +186,8 @@ def test_draft_gives_plain_greedy_tokens(tiny, tmp_path):
     assert len(same["tokens"]) < 3 or same["mean_accepted"] > 1.5  # the same model: drafts accepted
     bundle2 = tmp_path / "other_draft"
     assert main(["import", str(path), "--out", str(bundle2), "--draft", str(draft)]) == 0
-    assert generate(bundle2, tmp_path, "--prompt-ids", "1,100,71,234,5", "--max-new-tokens", "12")["tokens"] == plain["tokens"]
+    other_draft = generate(bundle2, tmp_path, "--prompt-ids", "1,100,71,234,5", "--max-new-tokens", "12")
+    assert other_draft["mode"] == "draft" and other_draft["tokens"] == plain["tokens"]
 
 
 def optimum_folder(root: Path) -> Path:
@@ -230,6 +232,17 @@ def test_bad_sources_fail_clearly(tmp_path, capsys, make, message):
     assert main(["import", str(src), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("sol-control: ") and message in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_failed_import_leaves_no_bundle(tmp_path, capsys):
+    """A GGUF of an architecture the graph builder cannot express: refused, the new folder removed."""
+    vocab = tiny_vocab()
+    weights = random_llama(tiny_config(len(vocab.tokens)), seed=1)
+    path = finish_gguf(llama_gguf_writer(tmp_path / "qwen.gguf", weights, vocab, arch="qwen2"))
+    assert main(["import", str(path), "--out", str(tmp_path / "out")]) == 2
+    assert "qwen2" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_bad_requests_fail_clearly(tiny, tmp_path, capsys):

@@ -6,8 +6,8 @@ Sources (what SRC is, told by its content, never by its name):
   per precision: fp32 always, int8 / int4 on `--quantize`. int4 carries the file's Q4_1 blocks over
   exactly (uint8 zero point 0 + a separate fp32 "mins" term, see docs/LM.md); tensors in other
   formats are quantized by round to nearest. `--int4-mode fast` (default) runs int4 with int8
-  activations and an 8-bit head; `exact` with fp32 activations and an fp32 head, the GGUF's numbers. The tokenizer, stop ids and chat template come from
-  the file's metadata.
+  activations and an 8-bit head; `exact` with fp32 activations and an fp32 head, the GGUF's numbers.
+  The tokenizer, stop ids and chat template come from the file's metadata.
 - an Optimum / Hugging Face ONNX export folder in the decoder-with-past layout (`model.onnx`,
   `config.json`, `tokenizer.json`, optionally `model.onnx_data`, `generation_config.json`,
   `tokenizer_config.json` with the chat template): the graph is copied as it is (fp32).
@@ -266,21 +266,25 @@ def import_model(src: str | Path, out: str | Path, quantize: tuple[str, ...] = (
         raise ValueError(f"max_context must be positive, got {max_context}")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"--out {str(out)!r} exists and is not an empty folder (not overwritten)")
-    out.mkdir(parents=True, exist_ok=True)
     if int4_mode not in INT4_MODES:
         raise ValueError(f"--int4-mode must be one of {sorted(INT4_MODES)}, got {int4_mode!r}")
-    target = _import(src, out, "target", quantize, max_context, int4_mode)
-    drafted = _import(Path(draft), out, "draft", quantize, max_context, int4_mode) if draft is not None else None
-    if drafted is not None and drafted.vocab_size != target.vocab_size:
-        raise ValueError(f"draft vocabulary {drafted.vocab_size} differs from the target's {target.vocab_size}")
-    if target.tokenizer_json is not None:
-        (out / TOKENIZER).write_text(target.tokenizer_json)
-        if target.chat_template:
-            (out / CHAT_TEMPLATE).write_text(target.chat_template)
-    manifest = write_manifest(out, _manifest(name or src.stem, target, drafted))
-    bundle = Bundle.load(out)  # every sha256 checked
-    if check:
-        smoke_check(bundle)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        target = _import(src, out, "target", quantize, max_context, int4_mode)
+        drafted = _import(Path(draft), out, "draft", quantize, max_context, int4_mode) if draft is not None else None
+        if drafted is not None and drafted.vocab_size != target.vocab_size:
+            raise ValueError(f"draft vocabulary {drafted.vocab_size} differs from the target's {target.vocab_size}")
+        if target.tokenizer_json is not None:
+            (out / TOKENIZER).write_text(target.tokenizer_json)
+            if target.chat_template:
+                (out / CHAT_TEMPLATE).write_text(target.chat_template)
+        manifest = write_manifest(out, _manifest(name or src.stem, target, drafted))
+        bundle = Bundle.load(out)  # every sha256 checked
+        if check:
+            smoke_check(bundle)
+    except BaseException:  # no half-written bundle is left behind (the folder was new or empty)
+        shutil.rmtree(out, ignore_errors=True)
+        raise
     return manifest
 
 
