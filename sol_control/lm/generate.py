@@ -9,7 +9,8 @@ Plain decoding streams token by token. The speculative engine returns a whole an
 is printed at the end, cut after the first stop id (tokens past it were computed, then dropped).
 
 Times: TTFT = from the call to the first token (prefill + argmax); decode tokens/s = tokens after
-the first / the time after the first; mean accepted = tokens per target decoding pass (1.0 plain).
+the first / the time after the first (speculative: every token computed, the dropped ones too);
+mean accepted = tokens per target decoding pass (1.0 plain).
 """
 from __future__ import annotations
 
@@ -36,10 +37,11 @@ class Generation:
     stopped: bool  # ended on a stop id (else on max_new_tokens)
     mode: str  # "plain", "draft" or "heads"
     precision: str = "fp32"
+    decoded: int | None = None  # tokens computed, when more than `tokens` (speculative: past the stop)
 
     @property
     def decode_tokens_per_s(self) -> float:
-        n = len(self.tokens) - 1
+        n = (self.decoded or len(self.tokens)) - 1
         return n / self.decode_ms * 1e3 if n > 0 and self.decode_ms > 0 else math.nan
 
 
@@ -92,7 +94,7 @@ def speculative(target, draft, prefix: np.ndarray, max_new_tokens: int, stop_ids
     s = result.stats
     tokens, stopped = _cut(result.tokens, stop_ids)
     return Generation(tokens, s.ttft_ms, s.wall_ms - s.ttft_ms, s.mean_accepted, stopped,
-                      "heads" if draft is None else "draft")
+                      "heads" if draft is None else "draft", decoded=len(result.tokens))
 
 
 def generate(bundle: Bundle, prefix: list[int], max_new_tokens: int, precision: str | None = None,
