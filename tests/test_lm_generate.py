@@ -188,6 +188,13 @@ def test_draft_gives_plain_greedy_tokens(tiny, tmp_path):
     assert main(["import", str(path), "--out", str(bundle2), "--draft", str(draft)]) == 0
     other_draft = generate(bundle2, tmp_path, "--prompt-ids", "1,100,71,234,5", "--max-new-tokens", "12")
     assert other_draft["mode"] == "draft" and other_draft["tokens"] == plain["tokens"]
+    free = LlamaReference(weights).greedy(PROMPTS[0], 12)  # a stop id at step 4: the answer is cut there
+    step = next(i for i in range(3, 12) if free[i] not in free[:i])
+    manifest = json.loads((bundle2 / "manifest.json").read_text())
+    manifest["vocab"]["stop_ids"] = [free[step]]
+    write_manifest(bundle2, manifest)
+    cut = generate(bundle2, tmp_path, "--prompt-ids", "1,100,71,234,5", "--max-new-tokens", "12")
+    assert cut["mode"] == "draft" and cut["tokens"] == free[:step + 1] and cut["stopped"] is True
 
 
 def optimum_folder(root: Path) -> Path:
