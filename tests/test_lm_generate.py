@@ -228,11 +228,56 @@ def test_optimum_folder_import(tmp_path):
         assert got["tokens"] == want
 
 
+def test_hf_folder_import(tmp_path):
+    """The tiny fixture as a Hugging Face folder (safetensors): fused fp32 graph decodes as its torch
+    greedy reference; int4 (round to nearest) and int8 graphs are written and run."""
+    bundle = tmp_path / "bundle"
+    assert main(["import", str(FIXTURES / "tiny_hf"), "--out", str(bundle), "--quantize", "int8,int4"]) == 0
+    m = Bundle.load(bundle).manifest
+    assert (m.vocab.size, m.vocab.stop_ids, m.max_context) == (48, (2,), 128)
+    assert set(m.target.fused) == {"fp32", "int8", "int4"} and m.metrics["import"]["target"]["kind"] == "hf"
+    ref = np.load(FIXTURES / "tiny" / "reference.npz")
+    for prefix, n, greedy in list(zip(ref["prefix_ids"], ref["prefix_len"], ref["greedy_ids"]))[:3]:
+        want = greedy.tolist()
+        want = want[:want.index(2) + 1] if 2 in want else want
+        got = generate(bundle, tmp_path, "--prompt-ids", ",".join(map(str, prefix[:n])),
+                       "--max-new-tokens", str(len(greedy)))
+        assert got["tokens"] == want
+    for precision in ("int8", "int4"):
+        got = generate(bundle, tmp_path, "--prompt-ids", "1,5,6", "--max-new-tokens", "4", "--precision", precision)
+        assert got["precision"] == precision and 1 <= len(got["tokens"]) <= 4
+
+
+def test_hf_bf16_tensors_read_as_float32(tmp_path):
+    """A BF16 safetensors tensor is the top half of a float32: read back exactly."""
+    from sol_control.lm.hf_reader import read_safetensors
+
+    values = np.array([[1.0, -2.5], [3.140625, 1e-3]], np.float32)
+    bf16 = (values.view(np.uint32) >> 16).astype(np.uint16)
+    header = json.dumps({"w": {"dtype": "BF16", "shape": [2, 2], "data_offsets": [0, 8]}}).encode()
+    path = tmp_path / "t.safetensors"
+    path.write_bytes(len(header).to_bytes(8, "little") + header + bf16.tobytes())
+    np.testing.assert_array_equal(read_safetensors(path)["w"], (bf16.astype(np.uint32) << 16).view(np.float32))
+    assert abs(read_safetensors(path)["w"][0, 1] + 2.5) == 0
+
+
+def hf_folder(root: Path, model_type: str) -> Path:
+    """A Hugging Face folder: the tiny fixture's config as `model_type`, junk safetensors."""
+    src = root / "hf"
+    src.mkdir()
+    config = json.loads((FIXTURES / "tiny_hf" / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "model_type": model_type}))
+    (src / "model.safetensors").write_bytes(bytes(16))
+    return src
+
+
 @pytest.mark.parametrize("make, message", [
     (lambda d: d / "missing.gguf", "does not exist"),
     (lambda d: (d / "notes.txt").write_text("hello, not a model") and d / "notes.txt", "not a GGUF file"),
     (lambda d: (d / "junk.gguf").write_bytes(b"GGUF" + bytes(12)) and d / "junk.gguf", "not a readable GGUF"),
     (lambda d: (d / "empty").mkdir() or d / "empty", "has no model.onnx"),
+    (lambda d: hf_folder(d, "qwen2"), "model_type 'qwen2' is not supported"),
+    (lambda d: hf_folder(d, "llama"), "not a safetensors file"),
 ])
 def test_bad_sources_fail_clearly(tmp_path, capsys, make, message):
     src = make(tmp_path)

@@ -11,8 +11,11 @@ Sources (what SRC is, told by its content, never by its name):
 - an Optimum / Hugging Face ONNX export folder in the decoder-with-past layout (`model.onnx`,
   `config.json`, `tokenizer.json`, optionally `model.onnx_data`, `generation_config.json`,
   `tokenizer_config.json` with the chat template): the graph is copied as it is (fp32).
+- a Hugging Face Llama folder (`config.json` + safetensors, F32/F16/BF16): read with
+  `sol_control.lm.hf_reader` (numpy, no torch), then written and quantized (round to nearest) as a
+  GGUF's weights are; the text side from the folder's files as for an Optimum export.
 
-Either way the bundle gets `tokenizer.json`, `chat_template.jinja` (when there is one) and a
+Every way the bundle gets `tokenizer.json`, `chat_template.jinja` (when there is one) and a
 manifest with task "lm" (fields: docs/BUNDLES.md); every file is listed with its sha256, then the
 bundle is loaded back (sha256 checked) and each decoder runs one token in ONNX Runtime.
 `--draft D` imports a second source the same way as the bundle's draft (same vocabulary).
@@ -55,7 +58,7 @@ class Imported:
 
 
 def source_kind(src: Path) -> str:
-    """"gguf" or "optimum"; ValueError naming what is wrong otherwise."""
+    """"gguf", "optimum" or "hf"; ValueError naming what is wrong otherwise."""
     if not src.exists():
         raise ValueError(f"import source {str(src)!r} does not exist")
     if src.is_file():
@@ -67,10 +70,10 @@ def source_kind(src: Path) -> str:
         return "gguf"
     if (src / OPTIMUM_MODEL).is_file():
         return "optimum"
-    if (src / "config.json").is_file():
-        raise ValueError(f"{str(src)!r} looks like a Hugging Face model folder without ONNX; importing it "
-                         f"needs an export first (optimum-cli export onnx --task text-generation-with-past)")
-    raise ValueError(f"import source folder {str(src)!r} has no {OPTIMUM_MODEL}")
+    if (src / "config.json").is_file() and any(src.glob("*.safetensors")):
+        return "hf"
+    raise ValueError(f"import source folder {str(src)!r} has no {OPTIMUM_MODEL} (ONNX export) and no "
+                     f"config.json + *.safetensors (Hugging Face model)")
 
 
 def _parse_quantize(text: str) -> tuple[str, ...]:
@@ -88,21 +91,13 @@ INT4_MODES = {  # graph builder options of an int4 graph (docs/LM.md, "int4 mode
 }
 
 
-def import_gguf(src: Path, out: Path, role: str, quantize: tuple[str, ...], max_context: int | None,
-                int4_mode: str = "fast") -> Imported:
-    """Write the fused decoder graphs of a GGUF file into `out` as `{role}_{precision}.onnx`."""
+def write_graphs(weights, out: Path, role: str, quantize: tuple[str, ...], context: int,
+                 int4_mode: str) -> tuple[dict[str, Any], list[str], dict[str, float]]:
+    """The fused graphs of `weights`: (DecoderSpec dict, files written, seconds per graph)."""
+    from sol_control.graph.llama import build_decoder
+
     if int4_mode not in INT4_MODES:
         raise ValueError(f"--int4-mode must be one of {sorted(INT4_MODES)}, got {int4_mode!r}")
-    from sol_control.graph.llama import build_decoder
-    from sol_control.lm.gguf_reader import gguf_field, open_gguf, read_gguf_weights
-    from sol_control.lm.tokenizer import read_gguf_tokenizer
-
-    t0 = time.monotonic_ns()
-    reader = open_gguf(src)
-    weights = read_gguf_weights(reader)
-    tok = read_gguf_tokenizer(reader)
-    c = weights.config
-    context = min(max_context or c.max_context, c.max_context)
     fused, written, build_s = {}, [], {}
     for precision in ("fp32", *quantize):
         t1 = time.monotonic_ns()
@@ -113,9 +108,32 @@ def import_gguf(src: Path, out: Path, role: str, quantize: tuple[str, ...], max_
         build_decoder(weights, out / name, precision, **options)
         fused[precision], build_s[precision] = name, round((time.monotonic_ns() - t1) / 1e9, 2)
         written.append(name)
+    c = weights.config
     params = sum(int(np.prod(s)) for s in weights.expected_shapes().values())
     spec = {"n_layers": c.n_layers, "n_kv_heads": c.n_kv_heads, "head_dim": c.head_dim,
             "hidden_size": c.hidden_size, "params": params, "fused": fused}
+    return spec, written, build_s
+
+
+def _int4_record(quantize: tuple[str, ...], int4_mode: str) -> dict[str, Any]:
+    if "int4" not in quantize:
+        return {}
+    return {"int4_mode": int4_mode, "int4_options": {"int4_zero_points": "mins", **INT4_MODES[int4_mode]}}
+
+
+def import_gguf(src: Path, out: Path, role: str, quantize: tuple[str, ...], max_context: int | None,
+                int4_mode: str = "fast") -> Imported:
+    """Write the fused decoder graphs of a GGUF file into `out` as `{role}_{precision}.onnx`."""
+    from sol_control.lm.gguf_reader import gguf_field, open_gguf, read_gguf_weights
+    from sol_control.lm.tokenizer import read_gguf_tokenizer
+
+    t0 = time.monotonic_ns()
+    reader = open_gguf(src)
+    weights = read_gguf_weights(reader)
+    tok = read_gguf_tokenizer(reader)
+    c = weights.config
+    context = min(max_context or c.max_context, c.max_context)
+    spec, written, build_s = write_graphs(weights, out, role, quantize, context, int4_mode)
     return Imported(
         spec=spec, files=written, vocab_size=c.vocab_size, max_context=context,
         tokenizer_json=tok.to_json(), chat_template=tok.chat_template, stop_ids=tok.stop_ids,
@@ -123,9 +141,7 @@ def import_gguf(src: Path, out: Path, role: str, quantize: tuple[str, ...], max_
         eos_id=gguf_field(reader, "tokenizer.ggml.eos_token_id", None),
         bos_token=tok.bos_token, eos_token=tok.eos_token,
         source={"kind": "gguf", "file": src.name, "int4_linears_exact": len(weights.int4),
-                "int4_mode": int4_mode if "int4" in quantize else None,
-                "int4_options": {"int4_zero_points": "mins", **INT4_MODES[int4_mode]} if "int4" in quantize else None,
-                "model_max_context": c.max_context, "build_s": build_s,
+                **_int4_record(quantize, int4_mode), "model_max_context": c.max_context, "build_s": build_s,
                 "import_s": round((time.monotonic_ns() - t0) / 1e9, 2)})
 
 
@@ -164,11 +180,28 @@ def _decoder_shape(path: Path) -> tuple[int, int, int, int]:
     return len(past), key[1], key[3], logits[-1]
 
 
+def _folder_text(src: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """Tokenizer, chat template and stop ids of a Hugging Face style folder, as Imported fields."""
+    generation = _read_json(src / "generation_config.json") if (src / "generation_config.json").is_file() else {}
+    tok_config = _read_json(src / "tokenizer_config.json") if (src / "tokenizer_config.json").is_file() else {}
+    stops = tuple(dict.fromkeys([*_ids(generation.get("eos_token_id")), *_ids(config.get("eos_token_id"))]))
+    template = tok_config.get("chat_template")
+
+    def token(key: str) -> str | None:
+        value = tok_config.get(key)
+        return value.get("content") if isinstance(value, dict) else value
+
+    return {"tokenizer_json": (src / TOKENIZER).read_text() if (src / TOKENIZER).is_file() else None,
+            "chat_template": template if isinstance(template, str) else None, "stop_ids": stops,
+            "bos_id": next(iter(_ids(config.get("bos_token_id"))), None), "eos_id": stops[0] if stops else None,
+            "bos_token": token("bos_token"), "eos_token": token("eos_token")}
+
+
 def import_optimum(src: Path, out: Path, role: str, max_context: int | None) -> Imported:
     """Copy an Optimum decoder-with-past export (fp32) into `out` as `{role}_fp32.onnx`."""
-    config = _read_json(src / "config.json") if (src / "config.json").is_file() else None
-    if config is None:
+    if not (src / "config.json").is_file():
         raise ValueError(f"{str(src)!r} has no config.json (hidden_size, max_position_embeddings)")
+    config = _read_json(src / "config.json")
     n_layers, kv_heads, head_dim, vocab = _decoder_shape(src / OPTIMUM_MODEL)
     for key in ("hidden_size", "max_position_embeddings"):
         if not isinstance(config.get(key), int) or config[key] <= 0:
@@ -179,34 +212,42 @@ def import_optimum(src: Path, out: Path, role: str, max_context: int | None) -> 
     if (src / f"{OPTIMUM_MODEL}_data").is_file():  # external weights: ORT finds them by their recorded name
         shutil.copyfile(src / f"{OPTIMUM_MODEL}_data", out / f"{OPTIMUM_MODEL}_data")
         written.append(f"{OPTIMUM_MODEL}_data")
-    generation = _read_json(src / "generation_config.json") if (src / "generation_config.json").is_file() else {}
-    tok_config = _read_json(src / "tokenizer_config.json") if (src / "tokenizer_config.json").is_file() else {}
-    stops = tuple(dict.fromkeys([*_ids(generation.get("eos_token_id")), *_ids(config.get("eos_token_id"))]))
-    template = tok_config.get("chat_template")
-    tokenizer_json = (src / TOKENIZER).read_text() if (src / TOKENIZER).is_file() else None
     spec = {"n_layers": n_layers, "n_kv_heads": kv_heads, "head_dim": head_dim,
             "hidden_size": config["hidden_size"], "files": {"fp32": name}}
     context = min(max_context or config["max_position_embeddings"], config["max_position_embeddings"])
+    return Imported(spec=spec, files=written, vocab_size=vocab, max_context=context, **_folder_text(src, config),
+                    source={"kind": "optimum", "folder": src.name,
+                            "model_max_context": config["max_position_embeddings"]})
 
-    def token(key: str) -> str | None:
-        value = tok_config.get(key)
-        return value.get("content") if isinstance(value, dict) else value
 
-    return Imported(
-        spec=spec, files=written, vocab_size=vocab, max_context=context, tokenizer_json=tokenizer_json,
-        chat_template=template if isinstance(template, str) else None, stop_ids=stops,
-        bos_id=next(iter(_ids(config.get("bos_token_id"))), None), eos_id=stops[0] if stops else None,
-        bos_token=token("bos_token"), eos_token=token("eos_token"),
-        source={"kind": "optimum", "folder": src.name, "model_max_context": config["max_position_embeddings"]})
+def import_hf(src: Path, out: Path, role: str, quantize: tuple[str, ...], max_context: int | None,
+              int4_mode: str = "fast") -> Imported:
+    """A Hugging Face Llama folder (safetensors, no torch): the fused graphs, like a GGUF's."""
+    from sol_control.lm.hf_reader import read_hf_weights
+
+    t0 = time.monotonic_ns()
+    weights = read_hf_weights(src)
+    c = weights.config
+    context = min(max_context or c.max_context, c.max_context)
+    spec, written, build_s = write_graphs(weights, out, role, quantize, context, int4_mode)
+    return Imported(spec=spec, files=written, vocab_size=c.vocab_size, max_context=context,
+                    **_folder_text(src, _read_json(src / "config.json")),
+                    source={"kind": "hf", "folder": src.name, **_int4_record(quantize, int4_mode),
+                            "model_max_context": c.max_context, "build_s": build_s,
+                            "import_s": round((time.monotonic_ns() - t0) / 1e9, 2)})
 
 
 # -- the bundle --------------------------------------------------------------------------------
 def _import(src: Path, out: Path, role: str, quantize: tuple[str, ...], max_context: int | None,
             int4_mode: str = "fast") -> Imported:
-    if source_kind(src) == "gguf":
+    kind = source_kind(src)
+    if kind == "gguf":
         return import_gguf(src, out, role, quantize, max_context, int4_mode)
+    if kind == "hf":
+        return import_hf(src, out, role, quantize, max_context, int4_mode)
     if quantize:
-        raise ValueError(f"--quantize applies to GGUF sources; {str(src)!r} is an ONNX export, copied as fp32")
+        raise ValueError(f"--quantize applies to GGUF and Hugging Face sources; {str(src)!r} is an ONNX "
+                         f"export, copied as fp32")
     return import_optimum(src, out, role, max_context)
 
 
