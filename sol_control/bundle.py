@@ -110,6 +110,16 @@ class DecoderSpec(Strict):
         return tuple(p for p in ("fp32", "int8", "int4") if p in self.files or p in self.fused)
 
 
+class TokenizerSpec(Strict):
+    """The text side of a language model bundle: a Hugging Face `tokenizer.json` (read with
+    `tokenizers`) and, optionally, a chat template (jinja2, rendered in a sandbox)."""
+
+    file: str = "tokenizer.json"
+    chat_template: str | None = None  # file name of the template text (e.g. chat_template.jinja)
+    bos_token: str | None = None  # the template's `bos_token` / `eos_token` variables
+    eos_token: str | None = None
+
+
 class Manifest(Strict):
     format: Literal["sol_control.bundle/1"] = FORMAT
     name: str
@@ -124,6 +134,7 @@ class Manifest(Strict):
     draft: DecoderSpec | None = None
     observation: dict[str, Any] = Field(default_factory=dict)  # read by sol_control.perception
     actions: tuple[ActionField, ...] = ()
+    tokenizer: TokenizerSpec | None = None  # a language model's text tokenizer (absent for policies)
     files: dict[str, FileEntry]
     metrics: dict[str, Any] = Field(default_factory=dict)
     opset: int | None = None
@@ -144,6 +155,10 @@ class Manifest(Strict):
             for prec, fname in listed:
                 if fname not in self.files:
                     raise ValueError(f"{role}.{prec} file {fname!r} is not listed in files (no sha256)")
+        if self.tokenizer is not None:
+            for name in (self.tokenizer.file, self.tokenizer.chat_template):
+                if name is not None and name not in self.files:
+                    raise ValueError(f"tokenizer file {name!r} is not listed in files (no sha256)")
         if self.actions and self.vocab.action is None:
             raise ValueError("action fields need a vocab.action range")
         for f in self.actions:

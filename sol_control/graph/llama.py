@@ -52,7 +52,11 @@ Precisions ("fp32", "int4", "int8"): the quantized ones put every linear into `M
 (block `block_size` along the input features, `accuracy_level` 4 = int8 activations):
 - int4: 4-bit blocks with zero points (asymmetric RTN, `sol_control.graph.quant`), the lm_head in
   8 bits (`head_bits`), as the shipped int4 files; an `Int4Blocks` entry of `weights.int4` is
-  written as given, float zero points included (an lm_head given so stays 4-bit).
+  written as given (an lm_head given so stays 4-bit), in one of two forms (`int4_zero_points`):
+  "float": MatMulNBits with float zero points (exact; ONNX Runtime CPU does not prepack these,
+  ~65x slower a call); "mins": w = q * d + m split into MatMulNBits(x; q, d, zero point 0) plus
+  blocksum(x) @ M.T, blocksum(x) [T, k/block] the sum of x over each block and M [n, k/block] the
+  blocks' mins (M = -zero_point * scale) in fp32 (the same weights; ~1.25x a plain int4 call).
 - int8: 8-bit symmetric blocks, the lm_head too.
 A tied lm_head (= embed_tokens) is quantized like any other head; the embedding lookup then reads
 the same quantized table through `GatherBlockQuantized`, so no fp32 [vocab, hidden] table is left
@@ -94,6 +98,7 @@ class BuildOptions:
     max_context: int | None = None  # KV buffer length C (default: the config's max_context)
     argmax: bool = False  # add an `argmax` [1, T] output
     query_pad: bool = True  # attention sees one extra zero query row (see the module docstring)
+    int4_zero_points: str = "float"  # given Int4Blocks: "float" zero points or "mins" (module docstring)
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -104,6 +109,8 @@ class BuildOptions:
             raise ValueError(f"accuracy_level must be 0..4, got {self.accuracy_level}")
         if self.head_bits not in (None, 4, 8):
             raise ValueError(f"head_bits must be 4, 8 or None (fp32), got {self.head_bits}")
+        if self.int4_zero_points not in ("float", "mins"):
+            raise ValueError(f"int4_zero_points must be 'float' or 'mins', got {self.int4_zero_points!r}")
         if self.max_context is not None and self.max_context <= 0:
             raise ValueError(f"max_context must be positive, got {self.max_context}")
 
@@ -122,6 +129,7 @@ class _Writer:
 
     def __init__(self):
         self.nodes, self.inits = [], []
+        self.block_sums: dict[tuple[str, int], str] = {}  # (input, block) -> its block sums, shared
 
     def const(self, name: str, array: np.ndarray) -> str:
         from onnx import numpy_helper
@@ -158,11 +166,29 @@ def _linear(g: _Writer, x: str, out: str, names: list[str], weights: LlamaWeight
         w = np.concatenate([weights.linear(n) for n in names], axis=0)  # [n_out, k_in]
         return g.node("MatMul", [x, g.const(f"{key}.T", w.T)], [out])[0]
     b = quant.concat([_blocks(weights, n, bits, symmetric, opts) for n in names])
+    mins = None
+    if opts.int4_zero_points == "mins" and b.zero_points is not None and b.zero_points.dtype == np.float32:
+        b, mins = quant.split_mins(b)
     inputs = [x, g.const(f"{key}.q{bits}", b.packed), g.const(f"{key}.scales", b.scales)]
     if b.zero_points is not None:
         inputs.append(g.const(f"{key}.zero_points", b.zero_points))
-    return g.node("MatMulNBits", inputs, [out], MS_DOMAIN, K=b.k, N=b.n, bits=bits,
-                  block_size=b.block_size, accuracy_level=opts.accuracy_level)[0]
+    y = g.node("MatMulNBits", inputs, [out if mins is None else f"{out}.nbits"], MS_DOMAIN, K=b.k, N=b.n,
+               bits=bits, block_size=b.block_size, accuracy_level=opts.accuracy_level)[0]
+    if mins is None:
+        return y
+    sums = _block_sums(g, x, b.k // b.block_size, b.block_size)  # [1, T, k/block]
+    m = g.node("MatMul", [sums, g.const(f"{key}.mins.T", np.ascontiguousarray(mins.T))], [f"{out}.mins"])[0]
+    return g.node("Add", [y, m], [out])[0]  # [1, T, n]
+
+
+def _block_sums(g: _Writer, x: str, k_blocks: int, block: int) -> str:
+    """x [1, T, k] -> [1, T, k/block]: the sum of x over each block (made once per input)."""
+    if (x, block) not in g.block_sums:
+        shape = g.const(f"{x}.blocks_shape", np.array([0, 0, k_blocks, block], np.int64))
+        blocks = g.node("Reshape", [x, shape], [f"{x}.blocks"])[0]  # [1, T, k/block, block]
+        axes = g.const(f"{x}.blocks_axes", np.array([-1], np.int64))
+        g.block_sums[(x, block)] = g.node("ReduceSum", [blocks, axes], [f"{x}.block_sums"], keepdims=0)[0]
+    return g.block_sums[(x, block)]
 
 
 def rotary_tables(head_dim: int, theta: float, positions: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,199 @@
+"""`sol-control generate --bundle B --chat TEXT`: greedy text from a language model bundle.
+
+Plain greedy with the target alone (`--no-draft`, or a bundle without a draft), or speculative:
+with the bundle's draft decoder (`decoding.speculate`) or the target's own draft heads
+(`decoding.speculate_heads`); both give exactly plain greedy's tokens. Generation ends after a stop
+id (the manifest's `vocab.stop_ids`, included in the output) or `--max-new-tokens`.
+
+Plain decoding streams token by token. The speculative engine returns a whole answer, so its text
+is printed at the end, cut after the first stop id (tokens past it were computed, then dropped).
+
+Times: TTFT = from the call to the first token (prefill + argmax); decode tokens/s = tokens after
+the first / the time after the first (speculative: every token computed, the dropped ones too);
+mean accepted = tokens per target decoding pass (1.0 plain).
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from sol_control.bundle import Bundle
+from sol_control.lm.tokenizer import LMTokenizer
+
+
+@dataclass
+class Generation:
+    tokens: list[int]  # generated ids, the stop id included when one ended the answer
+    ttft_ms: float
+    decode_ms: float  # after the first token
+    mean_accepted: float  # tokens per target decoding pass
+    stopped: bool  # ended on a stop id (else on max_new_tokens)
+    mode: str  # "plain", "draft" or "heads"
+    precision: str = "fp32"
+    decoded: int | None = None  # tokens computed, when more than `tokens` (speculative: past the stop)
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        n = (self.decoded or len(self.tokens)) - 1
+        return n / self.decode_ms * 1e3 if n > 0 and self.decode_ms > 0 else math.nan
+
+
+def load_tokenizer(bundle: Bundle) -> LMTokenizer | None:
+    """The bundle's tokenizer (sha256-checked files), None when the manifest lists none."""
+    from tokenizers import Tokenizer
+
+    spec = bundle.manifest.tokenizer
+    if spec is None:
+        return None
+    template = bundle.path(spec.chat_template).read_text() if spec.chat_template else None
+    return LMTokenizer(Tokenizer.from_file(str(bundle.path(spec.file))), bundle.manifest.vocab.stop_ids,
+                       template, spec.bos_token, spec.eos_token)
+
+
+def _ms(t0_ns: int) -> float:
+    return (time.monotonic_ns() - t0_ns) / 1e6
+
+
+def plain_greedy(target, prefix: np.ndarray, max_new_tokens: int, stop_ids: tuple[int, ...],
+                 on_token: Callable[[int], None] = lambda t: None) -> Generation:
+    """Argmax each step until a stop id or max_new_tokens; `on_token` sees each id as it comes."""
+    t0 = time.monotonic_ns()
+    token = int(np.argmax(target.prefill(prefix)))  # prefill: the last prefix row's logits [vocab]
+    ttft_ms, tokens = _ms(t0), [token]
+    on_token(token)
+    while token not in stop_ids and len(tokens) < max_new_tokens:
+        token = int(np.argmax(target.forward(np.array([token], np.int64))[-1]))
+        tokens.append(token)
+        on_token(token)
+    wall_ms = _ms(t0)
+    return Generation(tokens, ttft_ms, wall_ms - ttft_ms, 1.0 if len(tokens) > 1 else 0.0,
+                      tokens[-1] in stop_ids, "plain")
+
+
+def _cut(tokens: list[int], stop_ids: tuple[int, ...]) -> tuple[list[int], bool]:
+    """The tokens up to and including the first stop id, and whether there was one."""
+    for i, t in enumerate(tokens):
+        if t in stop_ids:
+            return tokens[:i + 1], True
+    return tokens, False
+
+
+def speculative(target, draft, prefix: np.ndarray, max_new_tokens: int, stop_ids: tuple[int, ...]) -> Generation:
+    """Greedy speculative decoding (draft decoder, or the target's draft heads when `draft` is None)."""
+    from sol_control.decoding import speculate, speculate_heads
+
+    result = (speculate_heads(target, prefix, max_new_tokens) if draft is None
+              else speculate(draft, target, prefix, max_new_tokens, k=None))
+    s = result.stats
+    tokens, stopped = _cut(result.tokens, stop_ids)
+    return Generation(tokens, s.ttft_ms, s.wall_ms - s.ttft_ms, s.mean_accepted, stopped,
+                      "heads" if draft is None else "draft", decoded=len(result.tokens))
+
+
+def generate(bundle: Bundle, prefix: list[int], max_new_tokens: int, precision: str | None = None,
+             use_draft: bool = True, threads: int = 1,
+             on_token: Callable[[int], None] = lambda t: None) -> Generation:
+    """Greedy tokens after `prefix` from a verified bundle; speculative when it has a draft (or
+    draft heads) and `use_draft`."""
+    from sol_control.decoding import open_decoder
+
+    m = bundle.manifest
+    precision = precision or ("fp32" if "fp32" in m.target.precisions else m.target.precisions[0])
+    if precision not in m.target.precisions:
+        raise ValueError(f"--precision {precision!r}: the bundle's target has {list(m.target.precisions)}")
+    if max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be positive, got {max_new_tokens}")
+    ids = np.asarray(prefix, np.int64)
+    if len(ids) == 0:
+        raise ValueError("the prompt is empty (no token ids)")
+    if ids.min() < 0 or ids.max() >= m.vocab.size:
+        raise ValueError(f"prompt ids must lie in [0, {m.vocab.size}), got [{ids.min()}, {ids.max()}]")
+    if len(ids) + max_new_tokens > m.max_context:
+        raise ValueError(f"prompt {len(ids)} + {max_new_tokens} new tokens exceed max_context={m.max_context}")
+    target = open_decoder(bundle, "target", precision, threads=threads)
+    stops = m.vocab.stop_ids
+    if use_draft and m.draft is not None:
+        draft_precision = precision if precision in m.draft.precisions else m.draft.precisions[0]
+        draft = open_decoder(bundle, "draft", draft_precision, threads=threads)
+        gen = speculative(target, draft, ids, max_new_tokens, stops)
+    elif use_draft and m.target.draft_heads and m.target.fused.get(precision):
+        gen = speculative(target, None, ids, max_new_tokens, stops)
+    else:
+        gen = plain_greedy(target, ids, max_new_tokens, stops, on_token)
+    gen.precision = precision
+    return gen
+
+
+class TextStream:
+    """Prints the text of the ids seen so far as it grows (whole characters only)."""
+
+    def __init__(self, tok: LMTokenizer | None, out=sys.stdout):
+        self.tok, self.out, self.ids, self.printed = tok, out, [], ""
+
+    def __call__(self, token: int) -> None:
+        self.ids.append(token)
+        if self.tok is None:
+            return
+        text = self.tok.decode(self.ids, skip_special=True)
+        if not text.endswith("\ufffd"):  # a character cut inside its UTF-8 bytes waits for the rest
+            self.out.write(text[len(self.printed):])
+            self.out.flush()
+            self.printed = text
+
+
+def prompt_ids(args, tok: LMTokenizer | None) -> list[int]:
+    if args.prompt_ids is not None:
+        try:
+            return [int(t) for t in args.prompt_ids.split(",") if t.strip()]
+        except ValueError:
+            raise ValueError(f"--prompt-ids takes comma-separated integers, got {args.prompt_ids!r}") from None
+    if tok is None:
+        raise ValueError("the bundle has no tokenizer: give --prompt-ids")
+    if args.chat is not None:
+        return tok.encode_chat([{"role": "user", "content": args.chat}])
+    return tok.encode(args.prompt)
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--bundle", required=True, help="a language model bundle (sol-control import)")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--prompt", help="plain text, continued as it is")
+    what.add_argument("--chat", help="a user message, rendered with the bundle's chat template")
+    what.add_argument("--prompt-ids", help="token ids, comma separated")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--no-draft", action="store_true", help="plain greedy even when the bundle has a draft")
+    p.add_argument("--precision", choices=("fp32", "int8", "int4"), default=None,
+                   help="the target's precision (default fp32)")
+    p.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads")
+    p.add_argument("--json", default=None, help="write tokens, ttft_ms, decode_tokens_per_s, mean_accepted here")
+
+
+def run(args) -> int:
+    bundle = Bundle.load(args.bundle)
+    tok = load_tokenizer(bundle)
+    ids = prompt_ids(args, tok)
+    stream = TextStream(tok)
+    gen = generate(bundle, ids, args.max_new_tokens, args.precision, not args.no_draft, args.threads, stream)
+    if gen.mode != "plain":  # the speculative engine returns the whole answer
+        for token in gen.tokens:
+            stream(token)
+    if tok is None:
+        print(",".join(str(t) for t in gen.tokens))
+    tps = gen.decode_tokens_per_s
+    print(f"\n[{gen.mode}, {gen.precision}] prompt {len(ids)} tokens, {len(gen.tokens)} new"
+          f"{' (stop id)' if gen.stopped else ''}; TTFT {gen.ttft_ms:.1f} ms, decode {tps:.1f} tokens/s, "
+          f"mean accepted {gen.mean_accepted:.2f} per step", file=sys.stderr)
+    if args.json:
+        report = {"tokens": gen.tokens, "ttft_ms": round(gen.ttft_ms, 3),
+                  "decode_tokens_per_s": None if math.isnan(tps) else round(tps, 3),
+                  "mean_accepted": round(gen.mean_accepted, 4), "stopped": gen.stopped, "mode": gen.mode,
+                  "precision": gen.precision, "prompt_tokens": len(ids)}
+        Path(args.json).write_text(json.dumps(report) + "\n")
+    return 0

@@ -1,0 +1,354 @@
+"""`sol-control import SRC --out BUNDLE`: a user's language model becomes a verified bundle.
+
+Sources (what SRC is, told by its content, never by its name):
+- a GGUF file (llama.cpp's format, Llama architecture): read with `sol_control.lm.gguf_reader`
+  (numpy + gguf, no torch); the fused decoder graphs are written by `sol_control.graph.llama`, one
+  per precision: fp32 always, int8 / int4 on `--quantize`. int4 carries the file's Q4_1 blocks over
+  exactly (uint8 zero point 0 + a separate fp32 "mins" term, see docs/LM.md); tensors in other
+  formats are quantized by round to nearest. `--int4-mode fast` (default) runs int4 with int8
+  activations and an 8-bit head; `exact` with fp32 activations and an fp32 head, the GGUF's numbers.
+  The tokenizer, stop ids and chat template come from the file's metadata.
+- an Optimum / Hugging Face ONNX export folder in the decoder-with-past layout (`model.onnx`,
+  `config.json`, `tokenizer.json`, optionally `model.onnx_data`, `generation_config.json`,
+  `tokenizer_config.json` with the chat template): the graph is copied as it is (fp32).
+- a Hugging Face Llama folder (`config.json` + safetensors, F32/F16/BF16): read with
+  `sol_control.lm.hf_reader` (numpy, no torch), then written and quantized (round to nearest) as a
+  GGUF's weights are; the text side from the folder's files as for an Optimum export.
+
+Every way the bundle gets `tokenizer.json`, `chat_template.jinja` (when there is one) and a
+manifest with task "lm" (fields: docs/BUNDLES.md); every file is listed with its sha256, then the
+bundle is loaded back (sha256 checked) and each decoder runs one token in ONNX Runtime.
+`--draft D` imports a second source the same way as the bundle's draft (same vocabulary).
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sol_control.bundle import Bundle, Manifest, write_manifest
+
+GGUF_MAGIC = b"GGUF"
+QUANTIZED = ("int8", "int4")
+TOKENIZER, CHAT_TEMPLATE = "tokenizer.json", "chat_template.jinja"
+OPTIMUM_MODEL = "model.onnx"
+
+
+@dataclass
+class Imported:
+    """One decoder written into the bundle, and what its source says about the text side."""
+
+    spec: dict[str, Any]  # a DecoderSpec as a dict (files / fused by precision)
+    files: list[str]  # bundle files it wrote
+    vocab_size: int
+    max_context: int
+    tokenizer_json: str | None = None
+    chat_template: str | None = None
+    stop_ids: tuple[int, ...] = ()
+    bos_id: int | None = None
+    eos_id: int | None = None
+    bos_token: str | None = None
+    eos_token: str | None = None
+    source: dict[str, Any] = field(default_factory=dict)  # recorded under metrics.import
+
+
+def source_kind(src: Path) -> str:
+    """"gguf", "optimum" or "hf"; ValueError naming what is wrong otherwise."""
+    if not src.exists():
+        raise ValueError(f"import source {str(src)!r} does not exist")
+    if src.is_file():
+        with open(src, "rb") as fh:
+            magic = fh.read(4)
+        if magic != GGUF_MAGIC:
+            raise ValueError(f"import source {str(src)!r} is not a GGUF file (starts with {magic!r}, "
+                             f"expected {GGUF_MAGIC!r}); a folder source is an ONNX export")
+        return "gguf"
+    if (src / OPTIMUM_MODEL).is_file():
+        return "optimum"
+    if (src / "config.json").is_file() and any(src.glob("*.safetensors")):
+        return "hf"
+    raise ValueError(f"import source folder {str(src)!r} has no {OPTIMUM_MODEL} (ONNX export) and no "
+                     f"config.json + *.safetensors (Hugging Face model)")
+
+
+def _parse_quantize(text: str) -> tuple[str, ...]:
+    wanted = tuple(p.strip() for p in text.split(",") if p.strip())
+    for p in wanted:
+        if p not in QUANTIZED:
+            raise ValueError(f"--quantize takes {', '.join(QUANTIZED)} (comma separated), got {p!r}")
+    return tuple(dict.fromkeys(wanted))
+
+
+# -- GGUF --------------------------------------------------------------------------------------
+INT4_MODES = {  # graph builder options of an int4 graph (docs/LM.md, "int4 modes")
+    "fast": {"accuracy_level": 4, "head_bits": 8},  # int8 activations, 8-bit head
+    "exact": {"accuracy_level": 0, "head_bits": None},  # fp32 activations, fp32 head: the GGUF's own numbers
+}
+
+
+def write_graphs(weights, out: Path, role: str, quantize: tuple[str, ...], context: int,
+                 int4_mode: str) -> tuple[dict[str, Any], list[str], dict[str, float]]:
+    """The fused graphs of `weights`: (DecoderSpec dict, files written, seconds per graph)."""
+    from sol_control.graph.llama import build_decoder
+
+    if int4_mode not in INT4_MODES:
+        raise ValueError(f"--int4-mode must be one of {sorted(INT4_MODES)}, got {int4_mode!r}")
+    fused, written, build_s = {}, [], {}
+    for precision in ("fp32", *quantize):
+        t1 = time.monotonic_ns()
+        name = f"{role}_{precision}.onnx"
+        options = {"max_context": context}
+        if precision == "int4":
+            options.update(int4_zero_points="mins", **INT4_MODES[int4_mode])
+        build_decoder(weights, out / name, precision, **options)
+        fused[precision], build_s[precision] = name, round((time.monotonic_ns() - t1) / 1e9, 2)
+        written.append(name)
+    c = weights.config
+    params = sum(int(np.prod(s)) for s in weights.expected_shapes().values())
+    spec = {"n_layers": c.n_layers, "n_kv_heads": c.n_kv_heads, "head_dim": c.head_dim,
+            "hidden_size": c.hidden_size, "params": params, "fused": fused}
+    return spec, written, build_s
+
+
+def _int4_record(quantize: tuple[str, ...], int4_mode: str) -> dict[str, Any]:
+    if "int4" not in quantize:
+        return {}
+    return {"int4_mode": int4_mode, "int4_options": {"int4_zero_points": "mins", **INT4_MODES[int4_mode]}}
+
+
+def import_gguf(src: Path, out: Path, role: str, quantize: tuple[str, ...], max_context: int | None,
+                int4_mode: str = "fast") -> Imported:
+    """Write the fused decoder graphs of a GGUF file into `out` as `{role}_{precision}.onnx`."""
+    from sol_control.lm.gguf_reader import gguf_field, open_gguf, read_gguf_weights
+    from sol_control.lm.tokenizer import read_gguf_tokenizer
+
+    t0 = time.monotonic_ns()
+    reader = open_gguf(src)
+    weights = read_gguf_weights(reader)
+    tok = read_gguf_tokenizer(reader)
+    c = weights.config
+    context = min(max_context or c.max_context, c.max_context)
+    spec, written, build_s = write_graphs(weights, out, role, quantize, context, int4_mode)
+    return Imported(
+        spec=spec, files=written, vocab_size=c.vocab_size, max_context=context,
+        tokenizer_json=tok.to_json(), chat_template=tok.chat_template, stop_ids=tok.stop_ids,
+        bos_id=gguf_field(reader, "tokenizer.ggml.bos_token_id", None),
+        eos_id=gguf_field(reader, "tokenizer.ggml.eos_token_id", None),
+        bos_token=tok.bos_token, eos_token=tok.eos_token,
+        source={"kind": "gguf", "file": src.name, "int4_linears_exact": len(weights.int4),
+                **_int4_record(quantize, int4_mode), "model_max_context": c.max_context, "build_s": build_s,
+                "import_s": round((time.monotonic_ns() - t0) / 1e9, 2)})
+
+
+# -- Optimum ONNX folder -----------------------------------------------------------------------
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"{str(path)!r} is not readable JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{str(path)!r} must hold a JSON object")
+    return data
+
+
+def _ids(value: Any) -> tuple[int, ...]:
+    """An eos_token_id entry (int, list of ints or null) as a tuple."""
+    if value is None:
+        return ()
+    return tuple(int(v) for v in (value if isinstance(value, list) else [value]))
+
+
+def _decoder_shape(path: Path) -> tuple[int, int, int, int]:
+    """(n_layers, kv_heads, head_dim, vocab) from a decoder-with-past graph's I/O (weights not loaded)."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    dims = {v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
+            for v in [*graph.input, *graph.output]}
+    past = [n for n in dims if n.startswith("past_key_values.") and n.endswith(".key")]
+    if not past or "logits" not in dims or "input_ids" not in dims:
+        raise ValueError(f"{str(path)!r} is not a decoder-with-past graph (input_ids, past_key_values.*, logits)")
+    key, logits = dims["past_key_values.0.key"], dims["logits"]
+    if len(key) != 4 or key[1] is None or key[3] is None or not logits or logits[-1] is None:
+        raise ValueError(f"{str(path)!r}: past_key_values.0.key {key} and logits {logits} need static "
+                         f"heads, head_dim and vocabulary")
+    return len(past), key[1], key[3], logits[-1]
+
+
+def _folder_text(src: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """Tokenizer, chat template and stop ids of a Hugging Face style folder, as Imported fields."""
+    generation = _read_json(src / "generation_config.json") if (src / "generation_config.json").is_file() else {}
+    tok_config = _read_json(src / "tokenizer_config.json") if (src / "tokenizer_config.json").is_file() else {}
+    stops = tuple(dict.fromkeys([*_ids(generation.get("eos_token_id")), *_ids(config.get("eos_token_id"))]))
+    template = tok_config.get("chat_template")
+
+    def token(key: str) -> str | None:
+        value = tok_config.get(key)
+        return value.get("content") if isinstance(value, dict) else value
+
+    return {"tokenizer_json": (src / TOKENIZER).read_text() if (src / TOKENIZER).is_file() else None,
+            "chat_template": template if isinstance(template, str) else None, "stop_ids": stops,
+            "bos_id": next(iter(_ids(config.get("bos_token_id"))), None), "eos_id": stops[0] if stops else None,
+            "bos_token": token("bos_token"), "eos_token": token("eos_token")}
+
+
+def import_optimum(src: Path, out: Path, role: str, max_context: int | None) -> Imported:
+    """Copy an Optimum decoder-with-past export (fp32) into `out` as `{role}_fp32.onnx`."""
+    if not (src / "config.json").is_file():
+        raise ValueError(f"{str(src)!r} has no config.json (hidden_size, max_position_embeddings)")
+    config = _read_json(src / "config.json")
+    n_layers, kv_heads, head_dim, vocab = _decoder_shape(src / OPTIMUM_MODEL)
+    for key in ("hidden_size", "max_position_embeddings"):
+        if not isinstance(config.get(key), int) or config[key] <= 0:
+            raise ValueError(f"{str(src / 'config.json')!r}: {key} must be a positive integer, got {config.get(key)!r}")
+    name, written = f"{role}_fp32.onnx", []
+    shutil.copyfile(src / OPTIMUM_MODEL, out / name)
+    written.append(name)
+    if (src / f"{OPTIMUM_MODEL}_data").is_file():  # external weights: ORT finds them by their recorded name
+        shutil.copyfile(src / f"{OPTIMUM_MODEL}_data", out / f"{OPTIMUM_MODEL}_data")
+        written.append(f"{OPTIMUM_MODEL}_data")
+    spec = {"n_layers": n_layers, "n_kv_heads": kv_heads, "head_dim": head_dim,
+            "hidden_size": config["hidden_size"], "files": {"fp32": name}}
+    context = min(max_context or config["max_position_embeddings"], config["max_position_embeddings"])
+    return Imported(spec=spec, files=written, vocab_size=vocab, max_context=context, **_folder_text(src, config),
+                    source={"kind": "optimum", "folder": src.name,
+                            "model_max_context": config["max_position_embeddings"]})
+
+
+def import_hf(src: Path, out: Path, role: str, quantize: tuple[str, ...], max_context: int | None,
+              int4_mode: str = "fast") -> Imported:
+    """A Hugging Face Llama folder (safetensors, no torch): the fused graphs, like a GGUF's."""
+    from sol_control.lm.hf_reader import read_hf_weights
+
+    t0 = time.monotonic_ns()
+    weights = read_hf_weights(src)
+    c = weights.config
+    context = min(max_context or c.max_context, c.max_context)
+    spec, written, build_s = write_graphs(weights, out, role, quantize, context, int4_mode)
+    return Imported(spec=spec, files=written, vocab_size=c.vocab_size, max_context=context,
+                    **_folder_text(src, _read_json(src / "config.json")),
+                    source={"kind": "hf", "folder": src.name, **_int4_record(quantize, int4_mode),
+                            "model_max_context": c.max_context, "build_s": build_s,
+                            "import_s": round((time.monotonic_ns() - t0) / 1e9, 2)})
+
+
+# -- the bundle --------------------------------------------------------------------------------
+def _import(src: Path, out: Path, role: str, quantize: tuple[str, ...], max_context: int | None,
+            int4_mode: str = "fast") -> Imported:
+    kind = source_kind(src)
+    if kind == "gguf":
+        return import_gguf(src, out, role, quantize, max_context, int4_mode)
+    if kind == "hf":
+        return import_hf(src, out, role, quantize, max_context, int4_mode)
+    if quantize:
+        raise ValueError(f"--quantize applies to GGUF and Hugging Face sources; {str(src)!r} is an ONNX "
+                         f"export, copied as fp32")
+    return import_optimum(src, out, role, max_context)
+
+
+def _manifest(name: str, target: Imported, draft: Imported | None) -> dict[str, Any]:
+    vocab_size = target.vocab_size
+    stops = target.stop_ids or ((target.eos_id,) if target.eos_id is not None else ())
+    if not stops:
+        raise ValueError("the source names no end-of-sequence token (eos_token_id): generation could not stop")
+    eos = target.eos_id if target.eos_id is not None else stops[0]
+    files = [*target.files, *(draft.files if draft else [])]
+    tokenizer = None
+    if target.tokenizer_json is not None:
+        files.append(TOKENIZER)
+        tokenizer = {"file": TOKENIZER, "bos_token": target.bos_token, "eos_token": target.eos_token}
+        if target.chat_template:
+            files.append(CHAT_TEMPLATE)
+            tokenizer["chat_template"] = CHAT_TEMPLATE
+    manifest = {
+        "name": name, "task": "lm", "description": f"language model imported from {target.source.get('kind')}",
+        "max_context": target.max_context if draft is None else min(target.max_context, draft.max_context),
+        "vocab": {"size": vocab_size, "pad": eos, "bos": target.bos_id if target.bos_id is not None else eos,
+                  "eos": eos, "sep": eos, "stop_ids": list(stops)},
+        "target": target.spec, "files": {f: {} for f in files},
+        "metrics": {"import": {"target": target.source, **({"draft": draft.source} if draft else {})}},
+    }
+    if tokenizer is not None:
+        manifest["tokenizer"] = {k: v for k, v in tokenizer.items() if v is not None}
+    if draft is not None:
+        manifest["draft"] = draft.spec
+    return manifest
+
+
+def smoke_check(bundle: Bundle, threads: int = 1) -> dict[str, bool]:
+    """Each decoder of the bundle, opened from its verified file, runs one token to finite logits."""
+    from sol_control.decoding import open_decoder
+
+    ok = {}
+    for role, spec in (("target", bundle.manifest.target), ("draft", bundle.manifest.draft)):
+        for precision in spec.precisions if spec else ():
+            sess = open_decoder(bundle, role, precision, threads=threads)
+            logits = sess.prefill(np.array([bundle.manifest.vocab.eos], np.int64))
+            if not np.isfinite(logits).all():
+                raise ValueError(f"{role} {precision}: the imported decoder gives non-finite logits")
+            ok[f"{role}_{precision}"] = True
+    return ok
+
+
+def import_model(src: str | Path, out: str | Path, quantize: tuple[str, ...] = (), draft: str | Path | None = None,
+                 name: str | None = None, max_context: int | None = None, check: bool = True,
+                 int4_mode: str = "fast") -> Manifest:
+    """Import `src` (and `draft`) into the new bundle folder `out`; return its manifest."""
+    src, out = Path(src), Path(out)
+    source_kind(src)
+    if draft is not None:
+        source_kind(Path(draft))
+    if max_context is not None and max_context <= 0:
+        raise ValueError(f"max_context must be positive, got {max_context}")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"--out {str(out)!r} exists and is not an empty folder (not overwritten)")
+    if int4_mode not in INT4_MODES:
+        raise ValueError(f"--int4-mode must be one of {sorted(INT4_MODES)}, got {int4_mode!r}")
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        target = _import(src, out, "target", quantize, max_context, int4_mode)
+        drafted = _import(Path(draft), out, "draft", quantize, max_context, int4_mode) if draft is not None else None
+        if drafted is not None and drafted.vocab_size != target.vocab_size:
+            raise ValueError(f"draft vocabulary {drafted.vocab_size} differs from the target's {target.vocab_size}")
+        if target.tokenizer_json is not None:
+            (out / TOKENIZER).write_text(target.tokenizer_json)
+            if target.chat_template:
+                (out / CHAT_TEMPLATE).write_text(target.chat_template)
+        manifest = write_manifest(out, _manifest(name or src.stem, target, drafted))
+        bundle = Bundle.load(out)  # every sha256 checked
+        if check:
+            smoke_check(bundle)
+    except BaseException:  # no half-written bundle is left behind (the folder was new or empty)
+        shutil.rmtree(out, ignore_errors=True)
+        raise
+    return manifest
+
+
+def add_arguments(p) -> None:
+    p.add_argument("src", help="a GGUF file, or an Optimum ONNX decoder-with-past folder")
+    p.add_argument("--out", required=True, help="the bundle folder to create (must not exist, or be empty)")
+    p.add_argument("--quantize", default="", help="extra precisions for a GGUF source: int8,int4")
+    p.add_argument("--draft", default=None, help="a second source imported as the bundle's draft")
+    p.add_argument("--name", default=None, help="bundle name (default: the source's file name)")
+    p.add_argument("--max-context", type=int, default=None,
+                   help="KV cache length (default and upper bound: the model's own context)")
+    p.add_argument("--int4-mode", choices=sorted(INT4_MODES), default="fast",
+                   help="int4 graphs: fast (int8 activations, 8-bit head) or exact (fp32 activations and head)")
+    p.add_argument("--no-check", action="store_true", help="skip running one token through each decoder")
+
+
+def run(args) -> int:
+    t0 = time.monotonic_ns()
+    m = import_model(args.src, args.out, _parse_quantize(args.quantize), args.draft, args.name,
+                     args.max_context, check=not args.no_check, int4_mode=args.int4_mode)
+    size_mb = sum(e.size_bytes for e in m.files.values()) / 1e6
+    print(f"bundle {args.out}: {m.name}, target {list(m.target.precisions)}"
+          f"{', draft ' + str(list(m.draft.precisions)) if m.draft else ''}, vocab {m.vocab.size}, "
+          f"stop ids {list(m.vocab.stop_ids)}, max_context {m.max_context}, {len(m.files)} files, "
+          f"{size_mb:.1f} MB, {(time.monotonic_ns() - t0) / 1e9:.1f} s")
+    return 0
