@@ -27,6 +27,7 @@ setup(
     name=PACKAGE,
     version="0.1.0",
     packages=find_packages(include=[PACKAGE, f"{PACKAGE}.*"]),
+    package_data={f"{PACKAGE}.bench": ["data/*.json"]},  # the LM benchmark workload
     data_files=data_files(),
     python_requires=">=3.10",
     install_requires=["numpy", "pydantic>=2", "pyyaml", "onnxruntime", "opencv-python-headless", "gguf", "tokenizers",
