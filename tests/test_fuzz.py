@@ -75,6 +75,35 @@ def test_image_conversion_rejects_or_returns_valid_rgb(msg):
     assert out.shape == (msg.height, msg.width, 3) and out.dtype == np.uint8
 
 
+MS = 1_000_000
+
+
+@pytest.mark.parametrize("stamp, age_ms, last, reason", [
+    (0, 1.0, 0, "stamp_zero"),
+    (5 * MS, -20.5, 0, "stamp_future"),      # more than max_future_ms (20) ahead
+    (5 * MS, 100.5, 0, "stale"),             # older than max_staleness_ms (100)
+    (5 * MS, 1.0, 5 * MS, "stamp_out_of_order"),
+])
+def test_budget_start_refuses_bad_stamps(stamp, age_ms, last, reason):
+    from sol_control.ros.convert import budget_start_ns
+    from sol_control.telemetry import InputRejected
+
+    with pytest.raises(InputRejected) as e:
+        budget_start_ns(stamp, int(age_ms * MS), 10**12, last, 20.0, 100.0)
+    assert e.value.reason == reason
+
+
+def test_budget_starts_at_the_stamp_or_at_the_send_when_transport_took_longer():
+    from sol_control.ros.convert import budget_start_ns
+
+    recv = 10**12
+    assert budget_start_ns(7 * MS, 3 * MS, recv, 6 * MS, 20.0, 100.0) == recv - 3 * MS
+    # sim time: the host clock barely moved, DDS says the frame was sent 8 ms ago
+    assert budget_start_ns(7 * MS, 0, recv, 0, 20.0, 100.0, transport_ns=8 * MS) == recv - 8 * MS
+    # a stamp slightly ahead (within max_future_ms) starts the budget at receipt
+    assert budget_start_ns(7 * MS, -2 * MS, recv, 0, 20.0, 100.0) == recv
+
+
 @FAST
 @given(st.sampled_from(["rgb8", "bgr8", "rgba8", "bgra8"]), st.integers(1, 16), st.integers(1, 16),
        st.integers(0, 2**63 - 1))

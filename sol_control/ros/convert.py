@@ -20,7 +20,7 @@ from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import Header
 
 from sol_control.actions import GraspDecision, QCVerdict
-from sol_control.budget import NS_PER_S
+from sol_control.budget import NS_PER_MS, NS_PER_S
 from sol_control.decision import STAGE_FIELDS, Decision, Failure
 from sol_control.telemetry import InputRejected, compressed_kind
 
@@ -38,6 +38,25 @@ def stamp_to_ros(stamp_ns: int) -> Time:
 
 def stamp_from_ros(t: Time) -> int:
     return int(t.sec) * NS_PER_S + int(t.nanosec)
+
+
+def budget_start_ns(stamp_ns: int, age_ns: int, recv_mono_ns: int, last_stamp_ns: int, max_future_ms: float,
+                    max_staleness_ms: float, transport_ns: int = 0) -> int:
+    """A frame's budget start on the monotonic clock, or InputRejected (zero, future, stale, or not
+    newer than the last admitted stamp). `age_ns` = host clock now minus the header stamp.
+
+    Under sim time the host clock only moves with /clock, so the DDS transport time (source timestamp
+    to now, system clock) is taken as the age when it is larger: a budget never starts after the frame
+    was sent."""
+    if stamp_ns == 0:
+        raise InputRejected("stamp_zero")
+    if age_ns < -max_future_ms * NS_PER_MS:
+        raise InputRejected("stamp_future", f"{-age_ns / NS_PER_MS:.1f} ms ahead")
+    if age_ns > max_staleness_ms * NS_PER_MS:
+        raise InputRejected("stale", f"{age_ns / NS_PER_MS:.1f} ms old")
+    if stamp_ns <= last_stamp_ns:
+        raise InputRejected("stamp_out_of_order", f"{stamp_ns} <= {last_stamp_ns}")
+    return recv_mono_ns - max(age_ns, transport_ns, 0)
 
 
 def header(stamp_ns: int, frame_id: str) -> Header:

@@ -30,7 +30,6 @@ from sensor_msgs.msg import CompressedImage, Image, JointState
 from visualization_msgs.msg import MarkerArray
 
 from sol_control import priority
-from sol_control.budget import NS_PER_MS
 from sol_control.config import NODE_NAME, STRUCTURAL, NodeConfig, from_flat
 from sol_control.decision import Decision
 from sol_control.energy import EnergyMeter
@@ -225,24 +224,6 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
         return self.trigger_activate() == TransitionCallbackReturn.SUCCESS
 
     # -- inputs (executor thread: validate, convert, offer; never infer) ------------------------------
-    def _admit_stamp(self, stamp_ns: int, recv_mono_ns: int, transport_ns: int = 0) -> int:
-        """Budget start on the monotonic clock for a header stamp, or InputRejected.
-
-        The budget starts at the header stamp; under sim time the node's clock only moves with
-        /clock, so the DDS transport time (source timestamp to now, system clock) is taken as the
-        age when it is larger: a frame's budget never starts after it was sent."""
-        d = self.cfg.deadline
-        if stamp_ns == 0:
-            raise InputRejected("stamp_zero")
-        age_ns = self.get_clock().now().nanoseconds - stamp_ns
-        if age_ns < -d.max_future_ms * NS_PER_MS:
-            raise InputRejected("stamp_future", f"{-age_ns / NS_PER_MS:.1f} ms ahead")
-        if age_ns > d.max_staleness_ms * NS_PER_MS:
-            raise InputRejected("stale", f"{age_ns / NS_PER_MS:.1f} ms old")
-        if stamp_ns <= self._last_frame_stamp_ns:
-            raise InputRejected("stamp_out_of_order", f"{stamp_ns} <= {self._last_frame_stamp_ns}")
-        return recv_mono_ns - max(age_ns, transport_ns, 0)
-
     def _admit(self, msg, make_frame, info=None) -> None:
         recv = time.monotonic_ns()
         transport_ns = 0
@@ -250,7 +231,11 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
             transport_ns = min(max(time.time_ns() - int(info["source_timestamp"]), 0), 10**9)
         try:
             stamp = convert.stamp_from_ros(msg.header.stamp)
-            frame = make_frame(stamp, self._admit_stamp(stamp, recv, transport_ns))
+            d = self.cfg.deadline
+            start = convert.budget_start_ns(stamp, self.get_clock().now().nanoseconds - stamp, recv,
+                                            self._last_frame_stamp_ns, d.max_future_ms, d.max_staleness_ms,
+                                            transport_ns)
+            frame = make_frame(stamp, start)
         except InputRejected as e:
             self.reject(e.reason, str(e))
             return
