@@ -134,8 +134,9 @@ def generate(bundle: Bundle, prefix: list[int], max_new_tokens: int, precision: 
 class TextStream:
     """Prints the text of the ids seen so far as it grows (whole characters only)."""
 
-    def __init__(self, tok: LMTokenizer | None, out=sys.stdout):
-        self.tok, self.out, self.ids, self.printed = tok, out, [], ""
+    def __init__(self, tok: LMTokenizer | None, out=None):
+        # sys.stdout is looked up now, not at import: a test harness or a caller may have replaced it since
+        self.tok, self.out, self.ids, self.printed = tok, out or sys.stdout, [], ""
 
     def __call__(self, token: int) -> None:
         self.ids.append(token)
