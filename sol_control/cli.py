@@ -16,7 +16,7 @@ COMMANDS = {
     "replay": ("sol_control.sim.replay", "feed a recorded MCAP bag through the coprocessor offline"),
     "lines": ("sol_control.sim.lines", "several QC lines on one ROS graph (namespaces), fed from recorded bags"),
     "soak": ("sol_control.bench.soak", "long run at 3x the nominal rate: memory, misses, p99"),
-    "import": ("sol_control.lm.importer", "a GGUF file or an ONNX export folder -> a verified language model bundle"),
+    "import": ("sol_control.lm.importer", "a GGUF, Hugging Face or ONNX model -> a verified LM bundle"),
     "generate": ("sol_control.lm.generate", "greedy text from a language model bundle (speculative with a draft)"),
 }
 BENCHES = {

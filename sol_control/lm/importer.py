@@ -330,9 +330,11 @@ def import_model(src: str | Path, out: str | Path, quantize: tuple[str, ...] = (
 
 
 def add_arguments(p) -> None:
-    p.add_argument("src", help="a GGUF file, or an Optimum ONNX decoder-with-past folder")
+    p.add_argument("src", help="a GGUF file, a Hugging Face Llama folder (config.json + *.safetensors), "
+                   "or an Optimum ONNX decoder-with-past folder")
     p.add_argument("--out", required=True, help="the bundle folder to create (must not exist, or be empty)")
-    p.add_argument("--quantize", default="", help="extra precisions for a GGUF source: int8,int4")
+    p.add_argument("--quantize", default="",
+                   help="extra precisions for a GGUF or HF source: int8,int4 (an Optimum folder is copied)")
     p.add_argument("--draft", default=None, help="a second source imported as the bundle's draft")
     p.add_argument("--name", default=None, help="bundle name (default: the source's file name)")
     p.add_argument("--max-context", type=int, default=None,
