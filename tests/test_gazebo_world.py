@@ -160,8 +160,9 @@ def test_every_bridged_gazebo_topic_is_in_the_world(run):
 
 def node_topics() -> tuple[dict, dict, dict]:
     """(subscriptions, publications, side streams read per task) of the coprocessor node, from its
-    interface tables (sol_control/ros/node.py), as "package/msg/Type" names."""
-    from sol_control.ros.node import OUTPUTS, SUBSCRIBED
+    interface tables (sol_control/ros/node.py, ros/outputs.py), as "package/msg/Type" names."""
+    from sol_control.ros.node import SUBSCRIBED
+    from sol_control.ros.outputs import OUTPUTS
     from sol_control.ros.side_streams import SIDE_READS
 
     def name(kind) -> str:

@@ -20,14 +20,11 @@ import time
 from typing import Any
 
 import rclpy
-from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
-from geometry_msgs.msg import PoseArray, PoseStamped
+from diagnostic_msgs.msg import DiagnosticArray
 from rcl_interfaces.msg import SetParametersResult
-from rclpy.event_handler import PublisherEventCallbacks
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
-from sensor_msgs.msg import CompressedImage, Image, JointState
-from visualization_msgs.msg import MarkerArray
+from sensor_msgs.msg import CompressedImage, Image
 
 from sol_control import priority
 from sol_control.config import NODE_NAME, STRUCTURAL, NodeConfig, from_flat
@@ -35,6 +32,7 @@ from sol_control.decision import Decision
 from sol_control.energy import EnergyMeter
 from sol_control.ros import convert, qos
 from sol_control.ros.diagnostics import NodeStats
+from sol_control.ros.outputs import DecisionOutputs
 from sol_control.ros.params import declare_config
 from sol_control.ros.side_streams import SIDE_TYPES, SideStreams
 from sol_control.runner import RunnerHooks, TaskRunner
@@ -43,13 +41,9 @@ from sol_control.telemetry import Frame, InputRejected
 
 LOG_EVERY_S = 5.0
 SIDE_POLL_S = 0.1
-# The node's ROS interface (docs/ROS_INTERFACE.md). Outputs by the key convert.decision_messages uses.
+# The node's ROS interface (docs/ROS_INTERFACE.md): these inputs, and ros.outputs.OUTPUTS.
 IMAGES = {"camera/image_raw": Image, "camera/image_raw/compressed": CompressedImage}
 SUBSCRIBED = {**IMAGES, **SIDE_TYPES}
-OUTPUTS = {"qc": ("qc/verdict", DiagnosticStatus), "grasp": ("grasp/decision", DiagnosticStatus),
-           "pose": ("grasp/pose", PoseStamped), "gripper": ("grasp/gripper", JointState),
-           "approach": ("grasp/approach", PoseArray), "markers": ("decisions/markers", MarkerArray)}
-OUTPUTS_OF = {"qc": ("qc", "markers"), "grasp": ("grasp", "pose", "gripper", "approach", "markers")}
 
 
 class CoprocessorNode(LifecycleNode, RunnerHooks):
@@ -69,10 +63,9 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
         self._subs: list = []
         self.side_streams: SideStreams | None = None
         self._side_timer = None
-        self._pubs: dict[str, Any] = {}
+        self.outputs = DecisionOutputs(self, self._on_offered_deadline_missed)
         self.runners: dict[str, TaskRunner] = {}
         self._last_frame_stamp_ns = 0
-        self._marker_id = 0
         # /diagnostics is absolute: one topic for every line; statuses carry the namespace (the line)
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", qos.diagnostics_qos())
         self._diag_timer = self.create_timer(1.0, self._publish_diagnostics)
@@ -126,25 +119,6 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
         self.get_logger().error(f"configure failed: {why}")
         return TransitionCallbackReturn.FAILURE
 
-    def _create_publishers(self, cfg: NodeConfig, tasks: tuple[str, ...]) -> None:
-        """Decision records carry the offered QoS deadline (and count its misses); records and grasp
-        commands offer AUTOMATIC liveliness with the configured lease; markers neither."""
-        events = PublisherEventCallbacks(deadline=self._on_offered_deadline_missed)
-        for key in sorted({k for task in tasks for k in OUTPUTS_OF[task]}):
-            topic, kind = OUTPUTS[key]
-            record = key in ("qc", "grasp")
-            if key == "markers":
-                out_qos = qos.decision_qos(0.0)
-            else:
-                out_qos = qos.decision_qos(cfg.deadline.output_deadline_ms, cfg.qos.liveliness_lease_ms)
-            self._pubs[key] = self.create_lifecycle_publisher(kind, topic, out_qos,
-                                                              event_callbacks=events if record else None)
-
-    def _destroy_publishers(self) -> None:
-        for p in self._pubs.values():
-            self.destroy_lifecycle_publisher(p)
-        self._pubs = {}
-
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         try:
             warm = self.cop.warmup()
@@ -152,13 +126,14 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
             self.config_error = f"warm-up failed: {type(e).__name__}: {e}"
             self.get_logger().error(self.config_error)
             return TransitionCallbackReturn.FAILURE
-        self.get_logger().info("warm: full-precision latency " + ", ".join(f"{t} {ms:.1f} ms" for t, ms in warm.items()))
+        latency = ", ".join(f"{t} {ms:.1f} ms" for t, ms in warm.items())
+        self.get_logger().info(f"warm: full-precision latency {latency}")
         self.startup.mark("warmup")
         self.side_streams.clear()
         self._last_frame_stamp_ns = 0  # a restarted (sim) clock must not look like out-of-order frames
         # decision publishers exist only while active: a subscriber's liveliness event says a node
         # that decides is (no longer) there
-        self._create_publishers(self.cfg, self.cop.tasks)
+        self.outputs.create(self.cfg, self.cop.tasks)
         result = super().on_activate(state)  # activates the lifecycle publishers
         # one runner per task: in mode both, QC and grasp decide the same frame in parallel, each
         # with its own budget from the stamp, instead of grasp getting what QC leaves
@@ -173,7 +148,7 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
 
     def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
         self._stop_runners()
-        self._destroy_publishers()
+        self.outputs.destroy()
         self._state = "inactive"
         return super().on_deactivate(state)
 
@@ -212,7 +187,7 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
         for s in self._subs:
             self.destroy_subscription(s)
         self._subs = []
-        self._destroy_publishers()
+        self.outputs.destroy()
         if self.cop is not None:
             self.cop.close()
             self.cop = None
@@ -280,10 +255,8 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
     def _publish(self, d: Decision) -> None:
         """A labelled decision (the runner relabelled it at publish time) on its topics."""
         frame_id = (self.cfg.grasp.frame_id or d.frame_id) if d.task == "grasp" else d.frame_id
-        self._marker_id = (self._marker_id + 1) % 64
         try:
-            for output, msg in convert.decision_messages(d, frame_id, self._marker_id):
-                self._pubs[output].publish(msg)
+            self.outputs.publish(d, frame_id)
         except Exception as e:  # noqa: BLE001 - e.g. publishers torn down during deactivate
             self.error("publish_error", f"publish failed: {type(e).__name__}: {e}")
         self.stats.record(d)  # after publishing: counting is not on the decision's critical path
