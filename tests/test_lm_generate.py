@@ -211,6 +211,17 @@ def optimum_folder(root: Path) -> Path:
     return src
 
 
+def assert_generates_the_fixture_reference(bundle: Path, tmp_path: Path) -> None:
+    """The tiny fixture's torch greedy continuations of its first 3 prefixes, up to the stop id 2."""
+    ref = np.load(FIXTURES / "tiny" / "reference.npz")
+    for prefix, n, greedy in list(zip(ref["prefix_ids"], ref["prefix_len"], ref["greedy_ids"]))[:3]:
+        want = greedy.tolist()
+        want = want[:want.index(2) + 1] if 2 in want else want
+        got = generate(bundle, tmp_path, "--prompt-ids", ",".join(map(str, prefix[:n])),
+                       "--max-new-tokens", str(len(greedy)))
+        assert got["tokens"] == want
+
+
 def test_optimum_folder_import(tmp_path):
     src = optimum_folder(tmp_path)
     bundle = tmp_path / "bundle"
@@ -219,13 +230,7 @@ def test_optimum_folder_import(tmp_path):
     assert (m.vocab.size, m.vocab.stop_ids, m.max_context) == (48, (2,), 128)
     assert m.target.files == {"fp32": "target_fp32.onnx"} and (m.target.n_layers, m.target.hidden_size) == (2, 64)
     assert (bundle / "tokenizer.json").read_bytes() == (src / "tokenizer.json").read_bytes()
-    ref = np.load(FIXTURES / "tiny" / "reference.npz")
-    for prefix, n, greedy in list(zip(ref["prefix_ids"], ref["prefix_len"], ref["greedy_ids"]))[:3]:
-        want = greedy.tolist()
-        want = want[:want.index(2) + 1] if 2 in want else want
-        got = generate(bundle, tmp_path, "--prompt-ids", ",".join(map(str, prefix[:n])),
-                       "--max-new-tokens", str(len(greedy)))
-        assert got["tokens"] == want
+    assert_generates_the_fixture_reference(bundle, tmp_path)
 
 
 def test_hf_folder_import(tmp_path):
@@ -236,13 +241,7 @@ def test_hf_folder_import(tmp_path):
     m = Bundle.load(bundle).manifest
     assert (m.vocab.size, m.vocab.stop_ids, m.max_context) == (48, (2,), 128)
     assert set(m.target.fused) == {"fp32", "int8", "int4"} and m.metrics["import"]["target"]["kind"] == "hf"
-    ref = np.load(FIXTURES / "tiny" / "reference.npz")
-    for prefix, n, greedy in list(zip(ref["prefix_ids"], ref["prefix_len"], ref["greedy_ids"]))[:3]:
-        want = greedy.tolist()
-        want = want[:want.index(2) + 1] if 2 in want else want
-        got = generate(bundle, tmp_path, "--prompt-ids", ",".join(map(str, prefix[:n])),
-                       "--max-new-tokens", str(len(greedy)))
-        assert got["tokens"] == want
+    assert_generates_the_fixture_reference(bundle, tmp_path)
     for precision in ("int8", "int4"):
         got = generate(bundle, tmp_path, "--prompt-ids", "1,5,6", "--max-new-tokens", "4", "--precision", precision)
         assert got["precision"] == precision and 1 <= len(got["tokens"]) <= 4
