@@ -121,13 +121,31 @@ def test_fused_graph_layout(fused, grasp_weights):
     assert props == {"layout": LAYOUT, "precision": "int4", "max_context": "64", "query_pad": "1", "draft_heads": "0"}
     ops = [n.op_type for n in model.graph.node]
     L = grasp_weights.config.n_layers
-    assert ops.count("GroupQueryAttention") == L and ops.count("MatMulNBits") == 5 * L + 1
-    assert "MatMul" not in ops and len(ops) == 12 * L + 3 + 4  # + 4: the last G+1 rows for the lm_head
+    assert ops.count("GroupQueryAttention") == L and ops.count("MatMulNBits") == 5 * L
+    # + 4: the last G+1 rows for the lm_head; + 7: its rows quantized (6 nodes) and scaled (1)
+    assert "MatMul" not in ops and len(ops) == 12 * L + 3 + 4 + 7
     kv = next(i for i in model.graph.input if i.name == "past_key_values.0.key")
     assert [d.dim_value for d in kv.type.tensor_type.shape.dim] == [1, 2, 65, 64]  # 64 positions + the pad row
     bits = {n.output[0]: next(a.i for a in n.attribute if a.name == "bits") for n in model.graph.node
             if n.op_type == "MatMulNBits"}
-    assert bits.pop("logits") == 8 and set(bits.values()) == {4}  # 8-bit head, 4-bit body
+    assert set(bits.values()) == {4}  # 4-bit body; the 8-bit head is an integer GEMM:
+    head = [n for n in model.graph.node if n.op_type == "MatMulIntegerToFloat"]
+    assert [n.output[0] for n in head] == ["logits.unscaled"]
+
+
+def test_int8_integer_graph(fused, grasp_weights):
+    """int8 = per-channel int8 weights x per-row int8 activations in MatMulIntegerToFloat: the
+    weights are the round-to-nearest of w / (|row max| / 127), and no MatMulNBits is left."""
+    model = onnx.load(str(fused["int8"]))
+    ops = [n.op_type for n in model.graph.node]
+    L = grasp_weights.config.n_layers
+    assert "MatMulNBits" not in ops and ops.count("MatMulIntegerToFloat") == 5 * L + 1
+    assert ops.count("QuantizeLinear") == 4 * L + 1  # per layer: qkv, o, gate|up (shared), down inputs
+    init = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    w = grasp_weights.linear("model.layers.1.mlp.down_proj.weight")  # [out, in]
+    q, scales = init["model.layers.1.mlp.down_proj.weight.s8.T"].T, init["model.layers.1.mlp.down_proj.weight.channel_scales"]
+    np.testing.assert_allclose(scales, np.abs(w).max(1) / 127, rtol=1e-6)
+    assert q.dtype == np.int8 and np.abs(q.astype(np.float32) - w / scales[:, None]).max() <= 0.5 + 1e-4
 
 
 # ---- quantization --------------------------------------------------------------------------------
@@ -290,19 +308,27 @@ def tiny_heads(w: LlamaWeights, k: int = 3, offset: int = 40, n_out: int = 48, s
 
 
 def _heads_reference(w: LlamaWeights, hidden_row: np.ndarray) -> np.ndarray:
-    """argmax(w2_j (h + SiLU(w1_j h))) + offset for one hidden row [H] -> [K], as tools/train_heads.py."""
+    """argmax(w2_j (h + SiLU(w1_j h))) + offset for one hidden row [H] -> [K], as tools/train_heads.py
+    (w2 = None: every head through the lm_head)."""
     u = np.einsum("koi,i->ko", w.heads.w1, hidden_row)
     hj = hidden_row[None, :] + u / (1.0 + np.exp(-u))
+    if w.heads.w2 is None:
+        return (hj @ w.linear(w.lm_head_name).T).argmax(-1)
     return np.einsum("kvh,kh->kv", w.heads.w2, hj).argmax(-1) + w.heads.token_offset
 
 
-def test_draft_heads_in_the_graph_match_a_numpy_reference(tmp_path):
+@pytest.mark.parametrize("shared_head", [False, True], ids=["own_w2", "lm_head"])
+def test_draft_heads_in_the_graph_match_a_numpy_reference(tmp_path, shared_head):
     """The graph checks the guesses (the first one differing from the argmax of the row before it)
-    and runs the heads on that row; both against the numpy reference forward."""
+    and runs the heads on that row (through their own w2, or the lm_head); both against the
+    numpy reference forward."""
+    from sol_control.graph.weights import DraftHeads
     from sol_control.lm.reference import LlamaReference
 
     w = tiny_weights()
     w.heads = tiny_heads(w)
+    if shared_head:
+        w.heads = DraftHeads(w.heads.w1, None, 0)
     sess = FusedDecoderSession(build_decoder(w, tmp_path / "h.onnx", "fp32"))
     assert sess.draft_heads == 3
     ref = LlamaReference(w)
@@ -322,17 +348,19 @@ def test_draft_heads_in_the_graph_match_a_numpy_reference(tmp_path):
     assert np.array_equal(sess.head_ids, _heads_reference(w, ref.hidden(full)[len(ids)]))
 
 
+@pytest.mark.parametrize("shared_head", [False, True], ids=["own_w2", "lm_head"])
 @pytest.mark.parametrize("precision", ["fp32", "int4", "int8"])
-def test_speculation_with_the_targets_own_heads_equals_plain_greedy(tmp_path, precision):
+def test_speculation_with_the_targets_own_heads_equals_plain_greedy(tmp_path, precision, shared_head):
     """Whatever the heads guess, the output is plain greedy's, token for token, on every precision.
-    Heads that repeat the target's next token (w1 = 0, w2 = its lm_head) are right wherever the
-    tiny random model repeats itself and wrong elsewhere, so both paths of the rule run."""
+    Heads that repeat the target's next token (w1 = 0, w2 = its lm_head, or the lm_head itself)
+    are right wherever the tiny random model repeats itself and wrong elsewhere, so both paths of
+    the rule run."""
     from sol_control.decoding import speculate_heads
     from sol_control.graph.weights import DraftHeads
 
     w = tiny_weights(seed=3)
     head = w.tensors["lm_head.weight"]
-    w.heads = DraftHeads(np.zeros((4, 64, 64), np.float32), np.repeat(head[None], 4, 0), 0)
+    w.heads = DraftHeads(np.zeros((4, 64, 64), np.float32), None if shared_head else np.repeat(head[None], 4, 0), 0)
     sess = FusedDecoderSession(build_decoder(w, tmp_path / f"h_{precision}.onnx", precision))
     rng = np.random.default_rng(5)
     accepted = rejected = 0

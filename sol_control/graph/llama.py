@@ -3,7 +3,8 @@
 One graph per precision, built with `onnx` only (no torch, no onnxruntime-genai), from fused
 ONNX Runtime ops: per layer one packed QKV projection, one `GroupQueryAttention` (rotary inside,
 KV cache updated in place), `SkipSimplifiedLayerNormalization` (residual add + RMS norm in one
-node), SiLU as `QuickGelu(alpha=1)`; linears are `MatMul` (fp32) or `MatMulNBits` (int4 / int8).
+node), SiLU as `QuickGelu(alpha=1)`; linears are `MatMul` (fp32), `MatMulNBits` (int4) or
+`MatMulIntegerToFloat` (int8).
 For the grasp target (3 layers) that is 39 nodes (33 without the query pad below) against the
 Optimum-style export's 125.
 
@@ -57,7 +58,14 @@ Precisions ("fp32", "int4", "int8"): the quantized ones put every linear into `M
   ~65x slower a call); "mins": w = q * d + m split into MatMulNBits(x; q, d, zero point 0) plus
   blocksum(x) @ M.T, blocksum(x) [T, k/block] the sum of x over each block and M [n, k/block] the
   blocks' mins (M = -zero_point * scale) in fp32 (the same weights; ~1.25x a plain int4 call).
-- int8: 8-bit symmetric blocks, the lm_head too.
+- int8 (`int8_kernel`): "integer" (default) = weights int8 per output channel (symmetric), each
+  activation row quantized on its own scale (|row max| / 127, uint8 at zero point 128), one
+  `MatMulIntegerToFloat` (MLAS's u8s8 GEMM: AVX-512 VNNI / AMX) and the row scales. Its cost
+  hardly grows with the rows of a call (a 9-row verify ~1.5x one row on [576 -> 1536], where
+  MatMulNBits costs ~8x), and rows never depend on each other, so verify passes equal one-token
+  passes bit for bit. "nbits" = MatMulNBits 8-bit symmetric blocks, as before, also taken when
+  `accuracy_level` < 4 asks for fp32 activations. An 8-bit lm_head follows the same rule (int4
+  graphs too).
 A tied lm_head (= embed_tokens) is quantized like any other head; the embedding lookup then reads
 the same quantized table through `GatherBlockQuantized`, so no fp32 [vocab, hidden] table is left
 (except for a tied head given as float-zero-point `Int4Blocks`, which that op cannot read: the
@@ -75,6 +83,7 @@ from .weights import LlamaWeights
 
 LAYOUT = "sol_control.fused/2"
 PRECISIONS = ("fp32", "int4", "int8")
+INT8_KERNELS = ("integer", "nbits")
 INPUT_IDS, SEQLENS_K, TOTAL_LEN, GUESSES, LOGITS, ARGMAX, HEAD_IDS, ACCEPTED = (
     "input_ids", "seqlens_k", "total_sequence_length", "guesses", "logits", "argmax", "head_ids", "accepted")
 OPSET, MS_DOMAIN, IR_VERSION = 21, "com.microsoft", 10
@@ -99,6 +108,7 @@ class BuildOptions:
     argmax: bool = False  # add an `argmax` [1, T] output
     query_pad: bool = True  # attention sees one extra zero query row (see the module docstring)
     int4_zero_points: str = "float"  # given Int4Blocks: "float" zero points or "mins" (module docstring)
+    int8_kernel: str = "integer"  # int8 linears: "integer" (MatMulIntegerToFloat, rows) or "nbits" (module docstring)
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -111,6 +121,8 @@ class BuildOptions:
             raise ValueError(f"head_bits must be 4, 8 or None (fp32), got {self.head_bits}")
         if self.int4_zero_points not in ("float", "mins"):
             raise ValueError(f"int4_zero_points must be 'float' or 'mins', got {self.int4_zero_points!r}")
+        if self.int8_kernel not in INT8_KERNELS:
+            raise ValueError(f"int8_kernel must be one of {INT8_KERNELS}, got {self.int8_kernel!r}")
         if self.max_context is not None and self.max_context <= 0:
             raise ValueError(f"max_context must be positive, got {self.max_context}")
 
@@ -118,6 +130,11 @@ class BuildOptions:
     def body_bits(self) -> int | None:
         """Bits of every linear but the lm_head: None (fp32 MatMul), 4 or 8."""
         return {"fp32": None, "int4": 4, "int8": 8}[self.precision]
+
+    @property
+    def integer_int8(self) -> bool:
+        """8-bit linears as integer GEMMs: asked for, and int8 activations allowed (accuracy level 4)."""
+        return self.int8_kernel == "integer" and self.accuracy_level == 4
 
     @property
     def body_symmetric(self) -> bool:
@@ -128,13 +145,17 @@ class _Writer:
     """Nodes and initializers of one graph, named after the Hugging Face tensors they come from."""
 
     def __init__(self):
-        self.nodes, self.inits = [], []
+        self.nodes, self.inits, self.const_names = [], [], set()
         self.block_sums: dict[tuple[str, int], str] = {}  # (input, block) -> its block sums, shared
+        self.row_quant: dict[str, tuple[str, str]] = {}  # input -> (uint8 rows, row scales), shared
 
     def const(self, name: str, array: np.ndarray) -> str:
+        """An initializer; a name written before is that one (the heads reuse the lm_head's)."""
         from onnx import numpy_helper
 
-        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        if name not in self.const_names:
+            self.const_names.add(name)
+            self.inits.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
         return name
 
     def node(self, op: str, inputs: list[str], outputs: list[str], domain: str = "", **attrs) -> list[str]:
@@ -165,6 +186,9 @@ def _linear(g: _Writer, x: str, out: str, names: list[str], weights: LlamaWeight
     if bits is None:
         w = np.concatenate([weights.linear(n) for n in names], axis=0)  # [n_out, k_in]
         return g.node("MatMul", [x, g.const(f"{key}.T", w.T)], [out])[0]
+    if bits == 8 and opts.integer_int8:
+        w = np.concatenate([weights.linear(n) for n in names], axis=0)
+        return _integer_linear(g, x, out, key, w)
     b = quant.concat([_blocks(weights, n, bits, symmetric, opts) for n in names])
     mins = None
     if opts.int4_zero_points == "mins" and b.zero_points is not None and b.zero_points.dtype == np.float32:
@@ -179,6 +203,35 @@ def _linear(g: _Writer, x: str, out: str, names: list[str], weights: LlamaWeight
     sums = _block_sums(g, x, b.k // b.block_size, b.block_size)  # [1, T, k/block]
     m = g.node("MatMul", [sums, g.const(f"{key}.mins.T", np.ascontiguousarray(mins.T))], [f"{out}.mins"])[0]
     return g.node("Add", [y, m], [out])[0]  # [1, T, n]
+
+
+def _integer_linear(g: _Writer, x: str, out: str, key: str, w: np.ndarray) -> str:
+    """y = x @ w.T in int8: w [n_out, k_in] per output channel (symmetric, scale = |max| / 127), x
+    per row (`_row_quant`); MatMulIntegerToFloat is MLAS's u8s8 GEMM (VNNI / AMX), then the row scales."""
+    q, scales = quant.per_channel_int8(w)
+    xq, s = _row_quant(g, x)
+    y = g.node("MatMulIntegerToFloat", [xq, g.const(f"{key}.s8.T", np.ascontiguousarray(q.T)), "rowq.one",
+                                         g.const(f"{key}.channel_scales", scales), "rowq.zero_point"],
+               [f"{out}.unscaled"], MS_DOMAIN)[0]
+    return g.node("Mul", [y, s], [out])[0]  # [1, T, n]
+
+
+def _row_quant(g: _Writer, x: str) -> tuple[str, str]:
+    """x [1, T, k] -> (uint8 [1, T, k], scales [1, T, 1]): each row on its own symmetric scale
+    (|row max| / 127, zero point 128), so a row's numbers never depend on the other rows of the
+    call: a one-token pass equals that token's row in a verify pass bit for bit. Made once per
+    input (q|k|v are one packed linear; gate and up share theirs)."""
+    if x not in g.row_quant:
+        g.const("rowq.one", np.array(1.0, np.float32))
+        g.const("rowq.zero_point", np.array(128, np.uint8))
+        g.const("rowq.tiny", np.array([1e-30], np.float32))
+        g.const("rowq.inv127", np.array([1 / 127], np.float32))
+        g.const("rowq.last_axis", np.array([-1], np.int64))
+        amax = g.node("ReduceMax", [g.node("Abs", [x], [f"{x}.abs"])[0], "rowq.last_axis"], [f"{x}.amax"], keepdims=1)[0]
+        s = g.node("Mul", [g.node("Max", [amax, "rowq.tiny"], [f"{x}.amax_pos"])[0], "rowq.inv127"], [f"{x}.row_scale"])[0]
+        xq = g.node("QuantizeLinear", [g.node("Div", [x, s], [f"{x}.unit"])[0], "rowq.one", "rowq.zero_point"], [f"{x}.u8"])[0]
+        g.row_quant[x] = (xq, s)
+    return g.row_quant[x]
 
 
 def _block_sums(g: _Writer, x: str, k_blocks: int, block: int) -> str:
@@ -277,7 +330,7 @@ def _acceptance(g: _Writer, best: str) -> str:
     return g.node("ArgMax", [as_int], [ACCEPTED], axis=1, keepdims=0)[0]  # the first 1
 
 
-def _draft_heads(g: _Writer, rows: str, best: str, weights: LlamaWeights) -> None:
+def _draft_heads(g: _Writer, rows: str, best: str, weights: LlamaWeights, opts: BuildOptions) -> None:
     """accepted [1] and head_ids [1, 1, K] from the selected rows' hidden states rows [1, G+1, H]."""
     heads, hidden = weights.heads, weights.config.hidden_size
     k = heads.k
@@ -292,14 +345,26 @@ def _draft_heads(g: _Writer, rows: str, best: str, weights: LlamaWeights) -> Non
     base = g.node("Reshape", [row, "heads.row_shape"], ["heads.h2"])[0]  # [1, H]
     hj = g.node("Add", [base, act], ["heads.hj"])[0]  # [K, H]
     g.const("heads.axis1", np.array([1], np.int64))
-    hk = g.node("Unsqueeze", [hj, "heads.axis1"], ["heads.hk"])[0]  # [K, 1, H]
-    w2 = g.const("heads.w2", np.ascontiguousarray(heads.w2.transpose(0, 2, 1)))  # [K, H, n_out]
-    logits = g.node("MatMul", [hk, w2], ["heads.logits"])[0]  # [K, 1, n_out]
-    ids = g.node("ArgMax", [logits], ["heads.best"], axis=-1, keepdims=0)[0]  # [K, 1]
+    if heads.shared_head:  # the K rows through the model's own lm_head, as a K-row call would run it
+        g.const("heads.axis0", np.array([0], np.int64))
+        hk = g.node("Unsqueeze", [hj, "heads.axis0"], ["heads.hk"])[0]  # [1, K, H]
+        logits = _lm_head(g, hk, "heads.logits", weights, opts)  # [1, K, vocab]
+    else:
+        hk = g.node("Unsqueeze", [hj, "heads.axis1"], ["heads.hk"])[0]  # [K, 1, H]
+        w2 = g.const("heads.w2", np.ascontiguousarray(heads.w2.transpose(0, 2, 1)))  # [K, H, n_out]
+        logits = g.node("MatMul", [hk, w2], ["heads.logits"])[0]  # [K, 1, n_out]
+    ids = g.node("ArgMax", [logits], ["heads.best"], axis=-1, keepdims=0)[0]  # [K, 1] or [1, K]
     g.const("heads.out_shape", np.array([1, 1, k], np.int64))
     ids3 = g.node("Reshape", [ids, "heads.out_shape"], ["heads.ids"])[0]
     g.const("heads.offset", np.array(heads.token_offset, np.int64))
     g.node("Add", [ids3, "heads.offset"], [HEAD_IDS])
+
+
+def _lm_head(g: _Writer, x: str, out: str, weights: LlamaWeights, opts: BuildOptions) -> str:
+    """x [1, R, hidden] -> logits [1, R, vocab] through the lm_head at the graph's precision."""
+    head_bits = None if opts.precision == "fp32" else opts.head_bits
+    head_sym = head_bits == 8 or opts.body_symmetric  # 8-bit heads: symmetric, as the shipped int4
+    return _linear(g, x, out, [weights.lm_head_name], weights, opts, head_bits, head_sym)
 
 
 def _io(weights: LlamaWeights, C: int, argmax: bool) -> tuple[list, list]:
@@ -346,14 +411,12 @@ def build_graph(weights: LlamaWeights, opts: BuildOptions):
     norm = g.const("model.norm.weight", weights.tensors["model.norm.weight"])
     h = g.node("SkipSimplifiedLayerNormalization", [residual, x, norm], ["final_norm"], MS_DOMAIN,
                epsilon=c.rms_norm_eps)[0]
-    head_bits = None if opts.precision == "fp32" else opts.head_bits
-    head_sym = head_bits == 8 or opts.body_symmetric  # 8-bit heads: symmetric, as the shipped int4
     rows = _last_rows(g, h)
-    _linear(g, rows, LOGITS, [weights.lm_head_name], weights, opts, head_bits, head_sym)
+    _lm_head(g, rows, LOGITS, weights, opts)
     if opts.argmax or weights.heads is not None:
         best = g.node("ArgMax", [LOGITS], [ARGMAX if opts.argmax else "rows.argmax"], axis=-1, keepdims=0)[0]
     if weights.heads is not None:
-        _draft_heads(g, rows, best, weights)
+        _draft_heads(g, rows, best, weights, opts)
     inputs, outputs = _io(weights, C, opts.argmax)
     graph = helper.make_graph(g.nodes, "decoder", inputs, outputs, initializer=g.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)],

@@ -116,6 +116,16 @@ def quantize(w: np.ndarray, bits: int = 4, block_size: int = 32, symmetric: bool
     return Blocks(bits, block_size, _pack(q, bits), scale, zero_points)
 
 
+def per_channel_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """w [n_out, k_in] -> (int8 [n_out, k_in], float32 scales [n_out]): symmetric per output
+    channel, scale = |row max| / 127 (1 for an all-zero row), rounded as `_round` does."""
+    w = np.asarray(w, np.float32)
+    amax = np.abs(w).max(axis=1)
+    scales = np.where(amax > 0, amax / np.float32(127), np.float32(1)).astype(np.float32)
+    q = np.clip(_round(w / scales[:, None]), -127, 127).astype(np.int8)
+    return q, scales
+
+
 def from_int4(b: Int4Blocks) -> Blocks:
     """An `Int4Blocks` (float zero points, e.g. a GGUF Q4_1 block's min / scale) as given."""
     return Blocks(4, b.block_size, np.ascontiguousarray(b.packed, np.uint8),

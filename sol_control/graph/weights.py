@@ -77,30 +77,50 @@ class Int4Blocks:
 class DraftHeads:
     """K draft heads on the final (normed) hidden state h (Medusa style, tools/train_heads.py):
     head j guesses the token after the next as argmax(w2[j] @ (h + SiLU(w1[j] @ h))) + token_offset,
-    over `n_out` tokens from `token_offset` (a policy's action tokens)."""
+    over `n_out` tokens from `token_offset` (a policy's action tokens). `w2 = None`: every head
+    reads the model's own lm_head instead (Medusa-1 on a language model, whose vocabulary-wide head
+    is too big to copy per head; tools/train_lm_heads.py), over the whole vocabulary."""
 
     w1: np.ndarray  # [K, hidden, hidden] float32
-    w2: np.ndarray  # [K, n_out, hidden] float32
+    w2: np.ndarray | None  # [K, n_out, hidden] float32, or None: the lm_head
     token_offset: int = 0
 
     @property
     def k(self) -> int:
         return int(self.w1.shape[0])
 
+    @property
+    def shared_head(self) -> bool:
+        return self.w2 is None
+
     def validate(self, hidden: int, vocab: int) -> None:
         k = self.k
-        if self.w1.shape != (k, hidden, hidden) or self.w2.ndim != 3 or self.w2.shape[::2] != (k, hidden):
-            raise ValueError(f"DraftHeads: w1 {self.w1.shape} / w2 {self.w2.shape} do not fit {k} heads "
+        if self.w1.shape != (k, hidden, hidden) or (
+                self.w2 is not None and (self.w2.ndim != 3 or self.w2.shape[::2] != (k, hidden))):
+            shape = None if self.w2 is None else self.w2.shape
+            raise ValueError(f"DraftHeads: w1 {self.w1.shape} / w2 {shape} do not fit {k} heads "
                              f"on hidden size {hidden}")
-        if not 0 <= self.token_offset and self.token_offset + self.w2.shape[1] <= vocab:
-            raise ValueError(f"DraftHeads: tokens [{self.token_offset}, {self.token_offset + self.w2.shape[1]}) "
+        n_out = vocab if self.w2 is None else self.w2.shape[1]
+        if self.w2 is None and self.token_offset:
+            raise ValueError(f"DraftHeads: heads on the lm_head cover the whole vocabulary, token_offset "
+                             f"must be 0, got {self.token_offset}")
+        if not 0 <= self.token_offset and self.token_offset + n_out <= vocab:
+            raise ValueError(f"DraftHeads: tokens [{self.token_offset}, {self.token_offset + n_out}) "
                              f"outside the vocabulary of {vocab}")
 
     @classmethod
     def load(cls, path) -> DraftHeads:
-        """From the .npz tools/train_heads.py writes (w1, w2, token_offset; no pickles)."""
+        """From the .npz tools/train_heads.py or train_lm_heads.py writes (w1, optional w2,
+        token_offset; no pickles)."""
         with np.load(path, allow_pickle=False) as z:
-            return cls(z["w1"].astype(np.float32), z["w2"].astype(np.float32), int(z["token_offset"]))
+            w2 = z["w2"].astype(np.float32) if "w2" in z.files else None
+            return cls(z["w1"].astype(np.float32), w2, int(z["token_offset"]))
+
+    def save(self, path) -> None:
+        arrays = {"w1": self.w1.astype(np.float32), "token_offset": np.int64(self.token_offset)}
+        if self.w2 is not None:
+            arrays["w2"] = self.w2.astype(np.float32)
+        np.savez(path, **arrays)
 
 
 @dataclass
