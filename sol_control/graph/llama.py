@@ -207,30 +207,31 @@ def _linear(g: _Writer, x: str, out: str, names: list[str], weights: LlamaWeight
 
 def _integer_linear(g: _Writer, x: str, out: str, key: str, w: np.ndarray) -> str:
     """y = x @ w.T in int8: w [n_out, k_in] per output channel (symmetric, scale = |max| / 127), x
-    per row (`_row_quant`); MatMulIntegerToFloat is MLAS's u8s8 GEMM (VNNI / AMX), then the row scales."""
+    per row (`_row_quant`); MatMulIntegerToFloat is MLAS's u8s8 GEMM (VNNI / AMX), then the rows'
+    |max| (their 1/127 is folded into the channel scales)."""
     q, scales = quant.per_channel_int8(w)
-    xq, s = _row_quant(g, x)
+    xq, amax = _row_quant(g, x)
     y = g.node("MatMulIntegerToFloat", [xq, g.const(f"{key}.s8.T", np.ascontiguousarray(q.T)), "rowq.one",
-                                         g.const(f"{key}.channel_scales", scales), "rowq.zero_point"],
+                                         g.const(f"{key}.channel_scales", scales / np.float32(127)), "rowq.zero_point"],
                [f"{out}.unscaled"], MS_DOMAIN)[0]
-    return g.node("Mul", [y, s], [out])[0]  # [1, T, n]
+    return g.node("Mul", [y, amax], [out])[0]  # [1, T, n]
 
 
 def _row_quant(g: _Writer, x: str) -> tuple[str, str]:
-    """x [1, T, k] -> (uint8 [1, T, k], scales [1, T, 1]): each row on its own symmetric scale
-    (|row max| / 127, zero point 128), so a row's numbers never depend on the other rows of the
+    """x [1, T, k] -> (uint8 [1, T, k], |row max| [1, T, 1]): each row on its own symmetric scale
+    (round(127 x / |row max|) + 128), so a row's numbers never depend on the other rows of the
     call: a one-token pass equals that token's row in a verify pass bit for bit. Made once per
     input (q|k|v are one packed linear; gate and up share theirs)."""
     if x not in g.row_quant:
         g.const("rowq.one", np.array(1.0, np.float32))
         g.const("rowq.zero_point", np.array(128, np.uint8))
         g.const("rowq.tiny", np.array([1e-30], np.float32))
-        g.const("rowq.inv127", np.array([1 / 127], np.float32))
+        g.const("rowq.step", np.array(1 / 127, np.float32))
         g.const("rowq.last_axis", np.array([-1], np.int64))
         amax = g.node("ReduceMax", [g.node("Abs", [x], [f"{x}.abs"])[0], "rowq.last_axis"], [f"{x}.amax"], keepdims=1)[0]
-        s = g.node("Mul", [g.node("Max", [amax, "rowq.tiny"], [f"{x}.amax_pos"])[0], "rowq.inv127"], [f"{x}.row_scale"])[0]
-        xq = g.node("QuantizeLinear", [g.node("Div", [x, s], [f"{x}.unit"])[0], "rowq.one", "rowq.zero_point"], [f"{x}.u8"])[0]
-        g.row_quant[x] = (xq, s)
+        amax = g.node("Max", [amax, "rowq.tiny"], [f"{x}.amax_pos"])[0]  # an all-zero row stays zero
+        unit = g.node("Div", [x, amax], [f"{x}.unit"])[0]  # [-1, 1]
+        g.row_quant[x] = (g.node("QuantizeLinear", [unit, "rowq.step", "rowq.zero_point"], [f"{x}.u8"])[0], amax)
     return g.row_quant[x]
 
 
