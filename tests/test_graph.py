@@ -285,6 +285,19 @@ def test_speculative_equals_plain_greedy_bit_for_bit(grasp, grasp_weights, fused
             assert spec.stats.verify_passes < 14  # it did speculate
 
 
+def test_logits_rows_are_bounded_but_prefill_chunks_are_not(fused):
+    """A call returns at most max_rows rows of logits (the buffer bound once); a prefill reads one
+    row per chunk, so a prefix longer than max_rows (and than a chunk) is fine and gives the same
+    last row as one pass."""
+    rng = np.random.default_rng(8)
+    ids = rng.integers(4, 1290, 40)
+    small = FusedDecoderSession(fused["fp32"], max_rows=8, max_step_tokens=16)
+    with pytest.raises(ValueError, match="max_rows"):
+        small.forward(ids[:9])
+    whole = FusedDecoderSession(fused["fp32"])
+    np.testing.assert_allclose(small.prefill(ids), whole.prefill(ids), rtol=FP32_RTOL, atol=FP32_ATOL)
+
+
 def test_bad_graphs_and_settings_are_refused(tmp_path, fused):
     with pytest.raises(ValueError, match="fused layout"):
         FusedDecoderSession(MODELS / "grasp" / "target_fp32.onnx")  # the Optimum layout

@@ -12,7 +12,8 @@ reads rows [0, L+T). So the cache is never copied: `rewind(n)` only moves the le
 call overwrites the dropped rows. Every binding is made once, at construction; a call writes ids
 and three scalars into preallocated arrays and rebinds `input_ids` / `logits` only when T or the
 number of rows read changes. `forward(ids, rows)` returns the last `rows` rows' logits (default all
-T); `prefill` reads one row, so the lm_head runs once per prefill, not once per prefix token.
+T, at most `max_rows`); `prefill` reads one row, so the lm_head runs once per prefill, not once per
+prefix token, in chunks of up to `max_step_tokens` (512) ids.
 
 With the query pad (the builder's default) a one-token pass gives bit for bit the logits the same
 token gets inside a multi-token verify pass, so speculative decoding equals plain greedy without
@@ -70,7 +71,7 @@ class FusedDecoderSession:
     """A causal decoder in the fused layout with a KV cache of `max_context` positions (batch 1)."""
 
     def __init__(self, path: str | Path, max_context: int | None = None, threads: int = 1, name: str = "",
-                 max_step_tokens: int = 128, min_step_tokens: int = 1,
+                 max_step_tokens: int = 512, min_step_tokens: int = 1, max_rows: int = 64,
                  options: ort.SessionOptions | None = None):
         self.name = name or Path(path).stem
         self.path = Path(path)
@@ -89,13 +90,14 @@ class FusedDecoderSession:
         if max_context is not None and not 0 < max_context <= capacity:
             raise ValueError(f"max_context must be in 1..{capacity} (the graph's KV length), got {max_context}")
         self.max_context = max_context or capacity
-        self.max_step_tokens = min(max_step_tokens, self.max_context)
+        self.max_step_tokens = min(max_step_tokens, self.max_context)  # ids per call (a prefill chunk)
+        self.max_rows = min(max_rows, self.max_step_tokens)  # logits rows a call may return
         if min_step_tokens not in (1, 2):
             raise ValueError(f"min_step_tokens must be 1 or 2, got {min_step_tokens}")
         self.min_step_tokens = min_step_tokens  # 2: a lone new token is run with the previous one
         H, D, n_kv = self.n_heads, self.head_dim, 2 * self.n_layers
         self._kv = np.zeros((n_kv, H * (capacity + self._pad) * D), np.float32)  # [tensor, H*C*D], past = present
-        self._logits = np.zeros(self.max_step_tokens * self.vocab, np.float32)
+        self._logits = np.zeros(self.max_rows * self.vocab, np.float32)
         self._ids = np.zeros(self.max_step_tokens, np.int64)
         self._pair = np.zeros(2, np.int64)
         self._seqlens = np.zeros(1, np.int32)  # L + T - 1 + pad
@@ -179,6 +181,8 @@ class FusedDecoderSession:
         if L + T > self.max_context:
             raise ValueError(f"{self.name}: context {L}+{T} exceeds max_context={self.max_context}")
         assert 1 <= rows <= T, (rows, T)
+        if rows > self.max_rows:
+            raise ValueError(f"{self.name}: {rows} rows of logits in one step exceed max_rows={self.max_rows}")
         if (T, rows) != self._bound:
             self._bind_in("input_ids", _I64, (1, T), int(self._ids.ctypes.data))
             self._bind_out("logits", _F32, (1, rows, self.vocab), int(self._logits.ctypes.data))
