@@ -47,7 +47,9 @@ guesses G + 1 rows, so the lm_head runs on G + 1 rows, not T. Draft heads (`weig
 them): the graph checks the guesses itself (the first mismatch between a guess and the argmax of
 the row before it) and runs the heads on that one row, where head j guesses the token j + 1 after
 the row's own; so one call verifies the previous guesses and makes the next ones
-(decoding.speculate_heads). The heads stay fp32 at every precision.
+(decoding.speculate_heads). The heads are fp32 in fp32 graphs and where int8 activations are not
+allowed; otherwise (`heads_int8`) their weights are int8 per channel as the int8 linears (w2: one
+integer GEMM per head; the argmax needs no row scale).
 
 Precisions ("fp32", "int4", "int8"): the quantized ones put every linear into `MatMulNBits`
 (block `block_size` along the input features, `accuracy_level` 4 = int8 activations):
@@ -109,6 +111,7 @@ class BuildOptions:
     query_pad: bool = True  # attention sees one extra zero query row (see the module docstring)
     int4_zero_points: str = "float"  # given Int4Blocks: "float" zero points or "mins" (module docstring)
     int8_kernel: str = "integer"  # int8 linears: "integer" (MatMulIntegerToFloat, rows) or "nbits" (module docstring)
+    heads_int8: bool = True  # quantized graphs: the draft heads' weights in int8 too (integer kernel only)
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -337,20 +340,35 @@ def _draft_heads(g: _Writer, rows: str, best: str, weights: LlamaWeights, opts: 
     k = heads.k
     n = _acceptance(g, best)
     row = g.node("Gather", [rows, n], ["heads.h"], axis=1)[0]  # [1, 1, H]
-    w1 = g.const("heads.w1", np.ascontiguousarray(heads.w1.transpose(2, 0, 1).reshape(hidden, k * hidden)))
-    u = g.node("MatMul", [row, w1], ["heads.u"])[0]  # [1, 1, K*H]
+    int8 = opts.precision != "fp32" and opts.heads_int8 and opts.integer_int8
+    if int8:
+        u = _integer_linear(g, row, "heads.u", "heads.w1", heads.w1.reshape(k * hidden, hidden))  # [1, 1, K*H]
+    else:
+        w1 = g.const("heads.w1", np.ascontiguousarray(heads.w1.transpose(2, 0, 1).reshape(hidden, k * hidden)))
+        u = g.node("MatMul", [row, w1], ["heads.u"])[0]  # [1, 1, K*H]
     g.const("heads.shape", np.array([k, hidden], np.int64))
     u2 = g.node("Reshape", [u, "heads.shape"], ["heads.u2"])[0]  # [K, H]
     act = g.node("QuickGelu", [u2], ["heads.silu"], MS_DOMAIN, alpha=1.0)[0]
     g.const("heads.row_shape", np.array([1, hidden], np.int64))
     base = g.node("Reshape", [row, "heads.row_shape"], ["heads.h2"])[0]  # [1, H]
     hj = g.node("Add", [base, act], ["heads.hj"])[0]  # [K, H]
-    g.const("heads.axis1", np.array([1], np.int64))
     if heads.shared_head:  # the K rows through the model's own lm_head, as a K-row call would run it
         g.const("heads.axis0", np.array([0], np.int64))
         hk = g.node("Unsqueeze", [hj, "heads.axis0"], ["heads.hk"])[0]  # [1, K, H]
         logits = _lm_head(g, hk, "heads.logits", weights, opts)  # [1, K, vocab]
+    elif int8:  # K rows, each through its own head's int8 w2 (argmax needs no row scale)
+        g.const("heads.axis0", np.array([0], np.int64))
+        hq, _ = _row_quant(g, g.node("Unsqueeze", [hj, "heads.axis0"], ["heads.hk"])[0])  # [1, K, H] uint8
+        parts = g.node("Split", [hq], [f"heads.hq{j}" for j in range(k)], axis=1, num_outputs=k)
+        outs = []
+        for j, part in enumerate(parts):
+            q, scales = quant.per_channel_int8(heads.w2[j])
+            outs.append(g.node("MatMulIntegerToFloat", [part, g.const(f"heads.w2.{j}.s8.T", np.ascontiguousarray(q.T)),
+                                                        "rowq.one", g.const(f"heads.w2.{j}.scales", scales),
+                                                        "rowq.zero_point"], [f"heads.logits{j}"], MS_DOMAIN)[0])
+        logits = g.node("Concat", outs, ["heads.logits"], axis=1)[0]  # [1, K, n_out]
     else:
+        g.const("heads.axis1", np.array([1], np.int64))
         hk = g.node("Unsqueeze", [hj, "heads.axis1"], ["heads.hk"])[0]  # [K, 1, H]
         w2 = g.const("heads.w2", np.ascontiguousarray(heads.w2.transpose(0, 2, 1)))  # [K, H, n_out]
         logits = g.node("MatMul", [hk, w2], ["heads.logits"])[0]  # [K, 1, n_out]
