@@ -65,6 +65,27 @@ def test_speculative_equals_greedy(target, drafts, kind, prefix, n_new, k):
     np.testing.assert_allclose(got.probs, want.probs, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("kind", ["close", "same"])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(prefix=PREFIX, k=st.one_of(st.none(), st.integers(1, 8)), stop_at=st.integers(0, 11))
+def test_stop_ids_end_greedy_and_speculative_alike_and_the_cache_continues(target, drafts, kind, prefix, k, stop_at):
+    """A stop id ends the answer right after it in greedy and speculative decoding alike (accepted
+    guesses past it are dropped), and the caches are left holding the answer, so the next turn
+    (the answer + new tokens, as an agent loop sends it) decodes as from an empty cache."""
+    prefix = np.array(prefix, np.int64)
+    free = greedy(target, prefix, 12).tokens
+    stop = (free[stop_at],)
+    want = greedy(target, prefix, 12, stop_ids=stop)
+    assert want.tokens == free[:free.index(stop[0]) + 1]
+    got = speculate(drafts[kind], target, prefix, 12, k=k, stop_ids=stop)
+    assert got.tokens == want.tokens
+    turn = np.concatenate([prefix, got.tokens, [5, 6, 7]])
+    after = speculate(drafts[kind], target, turn, 6, k=k).tokens
+    target.reset()
+    drafts[kind].reset()
+    assert after == greedy(target, turn, 6).tokens
+
+
 def test_acceptance_reflects_draft_quality(target, drafts):
     rng = np.random.default_rng(0)
     rates = {}

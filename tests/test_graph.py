@@ -115,6 +115,24 @@ def test_every_shipped_decoder_rebuilds(task, role, tmp_path):
         np.testing.assert_allclose(sess.forward(ids), want, rtol=FP32_RTOL, atol=FP32_ATOL)
 
 
+@pytest.mark.parametrize("task", ["qc", "grasp"])
+def test_the_shipped_fused_graphs_are_what_the_builder_writes(task, tmp_path):
+    """Each shipped fused graph rebuilds byte for byte from the bundle's own files (the Optimum fp32
+    target and the heads read back from the fused fp32 graph): the bundles are current with the
+    builder (after a builder change: tools/make_models.py --refresh-graphs)."""
+    from sol_control.bundle import sha256_file
+    from sol_control.graph.from_onnx import read_heads
+
+    bundle = Bundle.load(MODELS / task)
+    m = bundle.manifest
+    weights = read_decoder(bundle.verify(m.target.files["fp32"]), m.max_context)
+    weights.heads = read_heads(bundle.path(m.target.fused["fp32"]))
+    assert weights.heads is not None and weights.heads.k == m.target.draft_heads
+    for precision, name in m.target.fused.items():
+        rebuilt = build_decoder(weights, tmp_path / name, precision)
+        assert sha256_file(rebuilt) == m.files[name].sha256, f"{task} {precision}: run make_models --refresh-graphs"
+
+
 def test_fused_graph_layout(fused, grasp_weights):
     model = onnx.load(str(fused["int4"]))
     props = {p.key: p.value for p in model.metadata_props}
@@ -383,6 +401,8 @@ def test_speculation_with_the_targets_own_heads_equals_plain_greedy(tmp_path, pr
         plain = greedy(sess, prefix, 12).tokens
         r = speculate_heads(sess, prefix, 12)
         assert r.tokens == plain and r.complete
+        stop = (plain[int(rng.integers(0, 12))],)  # a stop id ends both alike, guesses past it dropped
+        assert speculate_heads(sess, prefix, 12, stop_ids=stop).tokens == greedy(sess, prefix, 12, stop_ids=stop).tokens
         accepted += r.stats.accepted
         rejected += r.stats.proposed - r.stats.accepted
     assert accepted > 0 and rejected > 0  # both paths of the acceptance rule ran

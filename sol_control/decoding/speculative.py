@@ -118,9 +118,11 @@ class Rule:
         return len(proposal), self.pick(t_logits[len(proposal)])
 
 
-def greedy(target: DecoderSession, prefix, max_new_tokens: int, budget: Budget | None = None) -> DecodeResult:
-    """Plain greedy decoding with the target alone: the reference every fast path must match."""
-    return _plain(target, prefix, max_new_tokens, budget, Rule())
+def greedy(target: DecoderSession, prefix, max_new_tokens: int, budget: Budget | None = None,
+           stop_ids: tuple[int, ...] = ()) -> DecodeResult:
+    """Plain greedy decoding with the target alone: the reference every fast path must match.
+    Generation ends after a token in `stop_ids` (kept) or `max_new_tokens`."""
+    return _plain(target, prefix, max_new_tokens, budget, Rule(), stop_ids)
 
 
 def sample(target: DecoderSession, prefix, max_new_tokens: int, budget: Budget | None = None,
@@ -137,23 +139,30 @@ def _prefill(target: DecoderSession, prefix: np.ndarray, rule: Rule, stats: Deco
     return [first], [token_prob(logits, first)]
 
 
-def _plain(target, prefix, max_new_tokens, budget, rule: Rule) -> DecodeResult:
+def _plain(target, prefix, max_new_tokens, budget, rule: Rule, stop_ids: tuple[int, ...] = ()) -> DecodeResult:
     t0 = time.monotonic_ns()
     budget = budget or Budget.unlimited()
     prefix = _check_request(target, prefix, max_new_tokens)
     stats = DecodeStats()
     tokens, probs = _prefill(target, prefix, rule, stats, t0)
-    while len(tokens) < max_new_tokens and not budget.expired():
+    while len(tokens) < max_new_tokens and tokens[-1] not in stop_ids and not budget.expired():
         logits = target.forward(np.array(tokens[-1:], np.int64))[0]
         stats.target_passes += 1
         stats.verify_passes += 1
         tokens.append(rule.pick(logits))
         probs.append(token_prob(logits, tokens[-1]))
-    return _finish(tokens, probs, max_new_tokens, stats, t0)
+    return _finish(tokens, probs, max_new_tokens, stats, t0, stop_ids)
 
 
-def _finish(tokens, probs, max_new_tokens, stats, t0) -> DecodeResult:
-    del tokens[max_new_tokens:], probs[max_new_tokens:]
+def _stop_at(emitted: list[int], stop_ids: tuple[int, ...]) -> int:
+    """How many of `emitted` to keep: up to and including the first stop id (all when none)."""
+    return next((i + 1 for i, t in enumerate(emitted) if t in stop_ids), len(emitted))
+
+
+def _finish(tokens, probs, max_new_tokens, stats, t0, stop_ids: tuple[int, ...] = ()) -> DecodeResult:
+    """The result, cut after max_new_tokens and after the first stop id."""
+    n = min(max_new_tokens, _stop_at(tokens, stop_ids))
+    del tokens[n:], probs[n:]
     stats.new_tokens = len(tokens)
     stats.wall_ms = _ms_since(t0)
     return DecodeResult(tokens, probs, len(tokens) == max_new_tokens, stats)
@@ -179,10 +188,11 @@ def _propose(draft: DecoderSession, seq: list[int], k: int, rule: Rule, stats: D
 def speculate(draft: DecoderSession, target: DecoderSession, prefix, max_new_tokens: int,
               budget: Budget | None = None, k: int | None = None, temperature: float = 0.0,
               top_p: float = 1.0, rng: np.random.Generator | None = None, relax_delta: int = 0,
-              relax_range: tuple[int, int] | None = None, controller: AdaptiveK | None = None) -> DecodeResult:
+              relax_range: tuple[int, int] | None = None, controller: AdaptiveK | None = None,
+              stop_ids: tuple[int, ...] = ()) -> DecodeResult:
     """Speculative decoding: the draft proposes k tokens, the target verifies them in one pass and
     adds one of its own (`Rule.accept` says how). `k=None` adapts the draft length (1..16, or 0 =
-    plain decoding when speculation does not pay)."""
+    plain decoding when speculation does not pay). Ends after a token in `stop_ids` (kept)."""
     if draft.vocab != target.vocab:
         raise ValueError(f"draft vocabulary {draft.vocab} differs from target vocabulary {target.vocab}")
     if k is not None and not 0 <= k <= MAX_K:
@@ -195,7 +205,7 @@ def speculate(draft: DecoderSession, target: DecoderSession, prefix, max_new_tok
     _check_request(draft, prefix, max_new_tokens)
     stats, seq = DecodeStats(), prefix.tolist()
     out, probs = _prefill(target, prefix, rule, stats, t0)
-    while len(out) < max_new_tokens and not budget.expired():
+    while len(out) < max_new_tokens and out[-1] not in stop_ids and not budget.expired():
         seq_len = len(prefix) + len(out)  # committed tokens; the target holds seq_len - 1 of them
         kk = min(ctl.choose(max_new_tokens - len(out)) if k is None else k, max_new_tokens - len(out) - 1)
         catch_up, t1 = seq_len - draft.length, time.monotonic_ns()
@@ -204,18 +214,20 @@ def speculate(draft: DecoderSession, target: DecoderSession, prefix, max_new_tok
         t_logits = target.forward(np.array([out[-1]] + proposal, np.int64))  # [kk+1, V]: row i predicts i+1
         n, bonus = rule.accept(proposal, q, t_logits)
         emitted = proposal[:n] + [bonus]
+        emitted = emitted[:_stop_at(emitted, stop_ids)]
         probs += [token_prob(t_logits[i], tok) for i, tok in enumerate(emitted)]
         out += emitted
         stats.target_passes, stats.verify_passes = stats.target_passes + 1, stats.verify_passes + 1
         stats.proposed, stats.accepted = stats.proposed + kk, stats.accepted + n
-        target.rewind(seq_len + n)  # keep all that is committed but the newest token
-        draft.rewind(min(draft.length, seq_len + n))
+        target.rewind(seq_len + len(emitted) - 1)  # keep all that is committed but the newest token
+        draft.rewind(min(draft.length, seq_len + len(emitted) - 1))
         # a long catch-up (the prefix, after plain steps) is not what a draft token costs
         ctl.update(kk, n, (t2 - t1) / 1e6 if catch_up <= 2 else None, _ms_since(t2))
-    return _finish(out, probs, max_new_tokens, stats, t0)
+    return _finish(out, probs, max_new_tokens, stats, t0, stop_ids)
 
 
-def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None = None) -> DecodeResult:
+def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None = None,
+                    stop_ids: tuple[int, ...] = ()) -> DecodeResult:
     """Self-speculative greedy decoding with the target's own draft heads (a fused graph built with
     heads: it checks the guesses itself and guesses on from the row it stopped at). One call
     verifies the previous guesses and makes the next ones:
@@ -225,25 +237,27 @@ def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None =
             before them; row n's argmax is the target's own next token, its heads guess on
 
     Output == plain greedy of the same target (greedy acceptance; the graph's rows do not depend on
-    how many tokens share a pass)."""
+    how many tokens share a pass), ending after a token in `stop_ids` (kept) as greedy does."""
     t0 = time.monotonic_ns()
     budget = budget or Budget.unlimited()
     prefix = _check_request(target, prefix, max_new_tokens)
     rule, stats = Rule(), DecodeStats()
     out, probs = _prefill(target, prefix, rule, stats, t0)
     guesses = target.head_ids.tolist()
-    while len(out) < max_new_tokens and not budget.expired():
+    while len(out) < max_new_tokens and out[-1] not in stop_ids and not budget.expired():
         seq_len = len(prefix) + len(out)  # committed tokens; the target holds seq_len - 1 of them
         kk = min(len(guesses), max_new_tokens - len(out) - 1)
         t_logits = target.forward(np.array([out[-1]] + guesses[:kk], np.int64), rows=kk + 1)  # [kk+1, V]
         n = target.accepted
-        probs += argmax_probs(t_logits[:n + 1])  # every emitted token is its row's argmax
-        out += guesses[:n] + [int(np.argmax(t_logits[n]))]
+        emitted = guesses[:n] + [int(np.argmax(t_logits[n]))]
+        emitted = emitted[:_stop_at(emitted, stop_ids)]
+        probs += argmax_probs(t_logits[:len(emitted)])  # every emitted token is its row's argmax
+        out += emitted
         guesses = target.head_ids.tolist()  # the heads at row n: what follows the token just emitted
         stats.target_passes, stats.verify_passes = stats.target_passes + 1, stats.verify_passes + 1
         stats.proposed, stats.accepted = stats.proposed + kk, stats.accepted + n
-        target.rewind(seq_len + n)
-    return _finish(out, probs, max_new_tokens, stats, t0)
+        target.rewind(seq_len + len(emitted) - 1)
+    return _finish(out, probs, max_new_tokens, stats, t0, stop_ids)
 
 
 def tokens_per_s(result: DecodeResult) -> float:

@@ -6,11 +6,10 @@ with the bundle's draft decoder (`decoding.speculate`) or the target's own draft
 id (the manifest's `vocab.stop_ids`, included in the output) or `--max-new-tokens`.
 
 Plain decoding streams token by token. The speculative engine returns a whole answer, so its text
-is printed at the end, cut after the first stop id (tokens past it were computed, then dropped).
+is printed at the end; it stops at the first stop id too (accepted guesses past it are dropped).
 
 Times: TTFT = from the call to the first token (prefill + argmax); decode tokens/s = tokens after
-the first / the time after the first (speculative: every token computed, the dropped ones too);
-mean accepted = tokens per target decoding pass (1.0 plain).
+the first / the time after the first; mean accepted = tokens per target decoding pass (1.0 plain).
 """
 from __future__ import annotations
 
@@ -37,11 +36,10 @@ class Generation:
     stopped: bool  # ended on a stop id (else on max_new_tokens)
     mode: str  # "plain", "draft" or "heads"
     precision: str = "fp32"
-    decoded: int | None = None  # tokens computed, when more than `tokens` (speculative: past the stop)
 
     @property
     def decode_tokens_per_s(self) -> float:
-        n = (self.decoded or len(self.tokens)) - 1
+        n = len(self.tokens) - 1
         return n / self.decode_ms * 1e3 if n > 0 and self.decode_ms > 0 else math.nan
 
 
@@ -77,24 +75,15 @@ def plain_greedy(target, prefix: np.ndarray, max_new_tokens: int, stop_ids: tupl
                       tokens[-1] in stop_ids, "plain")
 
 
-def _cut(tokens: list[int], stop_ids: tuple[int, ...]) -> tuple[list[int], bool]:
-    """The tokens up to and including the first stop id, and whether there was one."""
-    for i, t in enumerate(tokens):
-        if t in stop_ids:
-            return tokens[:i + 1], True
-    return tokens, False
-
-
 def speculative(target, draft, prefix: np.ndarray, max_new_tokens: int, stop_ids: tuple[int, ...]) -> Generation:
     """Greedy speculative decoding (draft decoder, or the target's draft heads when `draft` is None)."""
     from sol_control.decoding import speculate, speculate_heads
 
-    result = (speculate_heads(target, prefix, max_new_tokens) if draft is None
-              else speculate(draft, target, prefix, max_new_tokens, k=None))
-    s = result.stats
-    tokens, stopped = _cut(result.tokens, stop_ids)
-    return Generation(tokens, s.ttft_ms, s.wall_ms - s.ttft_ms, s.mean_accepted, stopped,
-                      "heads" if draft is None else "draft", decoded=len(result.tokens))
+    result = (speculate_heads(target, prefix, max_new_tokens, stop_ids=stop_ids) if draft is None
+              else speculate(draft, target, prefix, max_new_tokens, k=None, stop_ids=stop_ids))
+    s, tokens = result.stats, result.tokens
+    return Generation(tokens, s.ttft_ms, s.wall_ms - s.ttft_ms, s.mean_accepted, tokens[-1] in stop_ids,
+                      "heads" if draft is None else "draft")
 
 
 def generate(bundle: Bundle, prefix: list[int], max_new_tokens: int, precision: str | None = None,
