@@ -4,6 +4,7 @@ engine's fused fp32 / int8 / int4 graphs with the heads inside), store parity re
 and write manifest.json. Each stage reuses its .work/ output when present (delete .work/ to start over).
 
     python tools/make_models.py [--tasks qc,grasp] [--steps 1800] [--draft-steps N] [--out models]
+    python tools/make_models.py --refresh-graphs     # the fused graphs again, from the bundles (builder changes)
 """
 from __future__ import annotations
 
@@ -189,6 +190,31 @@ def build(task: str, args) -> dict:
     return metrics
 
 
+def refresh_graphs(task: str, args) -> None:
+    """Rebuild a shipped bundle's fused graphs from the bundle alone (its Optimum fp32 target and the
+    heads read back from its fused fp32 graph), re-evaluate, rewrite sha256 and metrics: for a
+    change of the graph builder, without .work/ and without retraining (the fp32 graph comes out
+    byte for byte the same)."""
+    from sol_control.bundle import Bundle
+    from sol_control.eval import evaluate
+    from sol_control.graph.from_onnx import read_decoder, read_heads
+    from sol_control.graph.llama import build_decoder
+
+    out = Path(args.out) / task
+    m = Bundle.load(out).manifest
+    weights = read_decoder(out / m.target.files["fp32"], m.max_context)
+    weights.heads = read_heads(out / m.target.fused["fp32"])
+    stage(f"{task}: rebuild {', '.join(FUSED)} fused graphs")
+    for precision, name in FUSED.items():
+        build_decoder(weights, out / name, precision)
+    manifest = json.loads((out / "manifest.json").read_text())
+    write_manifest(out, manifest)  # new sha256, so the engine loads the new files
+    for split, n in (("test", args.n_test), ("heldout", args.n_heldout)):
+        stage(f"{task}: eval {split} ({n} scenes)")
+        manifest["metrics"][split] = evaluate(out, split, n=n, quiet=False)["precisions"]
+    write_manifest(out, manifest)
+
+
 def _train_minutes(met: dict) -> str:
     """'target 23 min, draft 8 min' from the training records (stages reused from .work/ keep theirs)."""
     parts = [f"{name} {info['train_s'] / 60:.0f} min" for name, info in met.get("training", {}).items()
@@ -262,11 +288,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--train-only", action="store_true", help="data and training only (no export)")
+    ap.add_argument("--refresh-graphs", action="store_true",
+                    help="rebuild the shipped bundles' fused graphs from the bundles themselves and re-evaluate")
     args = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "2")
     T.WORK = Path(args.work)
     for task in args.tasks.split(","):
-        build(task, args)
+        refresh_graphs(task, args) if args.refresh_graphs else build(task, args)
     if not args.train_only:
         update_model_card(Path(args.out))
     return 0

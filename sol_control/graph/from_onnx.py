@@ -223,3 +223,29 @@ def read_decoder(path: str | Path, max_context: int = 2048) -> LlamaWeights:
     except ValueError as e:
         raise ValueError(f"{g.path}: {e}") from None
     return weights
+
+
+def read_heads(path: str | Path) -> "DraftHeads | None":
+    """The draft heads written into one of our fp32 fused graphs (`sol_control.graph.llama`), as the
+    `DraftHeads` they were built from; None for a graph without heads. So a bundle's quantized graphs
+    can be rebuilt from the bundle alone (tools/make_models.py --refresh-graphs)."""
+    import onnx
+    from onnx import numpy_helper
+
+    from .weights import DraftHeads
+
+    model = onnx.load(str(path))
+    meta = {p.key: p.value for p in model.metadata_props}
+    k = int(meta.get("draft_heads", "0"))
+    if not k:
+        return None
+    if meta.get("precision") != "fp32":
+        raise ValueError(f"{path}: heads are read back from an fp32 fused graph, this one is {meta.get('precision')}")
+    init = {t.name: t for t in model.graph.initializer}
+    w1 = numpy_helper.to_array(init["heads.w1"])  # [H, K*H] = w1.transpose(2, 0, 1).reshape(H, K*H)
+    hidden = w1.shape[0]
+    w1 = np.ascontiguousarray(w1.reshape(hidden, k, hidden).transpose(1, 2, 0))
+    if "heads.w2" not in init:  # heads through the lm_head
+        return DraftHeads(w1, None, 0)
+    w2 = np.ascontiguousarray(numpy_helper.to_array(init["heads.w2"]).transpose(0, 2, 1))  # [K, n_out, H]
+    return DraftHeads(w1, w2, int(numpy_helper.to_array(init["heads.offset"]).reshape(-1)[0]))
