@@ -63,3 +63,117 @@ def time_decisions(decide: Decide, w: Workload) -> dict:
         "resumed_after_stop": int(sum(i.get("resumed", 0) for i in infos[:len(w.prefixes)])),
         "outputs": outputs,
     }
+
+
+# ---- language models (sol_control.bench.peers.lm): chat prompts and an agent loop, as token ids ---
+
+@dataclass
+class LMWork:
+    """The LM benchmark workload as our tokenizer's ids: every engine decodes exactly these."""
+    prompts: list[list[int]]     # chat prompts, each decoded from an empty cache
+    loop_first: list[int]        # system prompt + the first tool result + the assistant header
+    loop_turns: list[list[int]]  # each later round: the user turn (tool result) + the assistant header
+    close: list[int]             # ends an assistant answer (`<|im_end|>\n`) in the conversation
+    stop_ids: list[int]
+    prompt_new_tokens: int = 128
+    loop_new_tokens: int = 64
+    threads: int = 1
+
+    @property
+    def loop_context_max(self) -> int:
+        """Positions the whole agent loop can reach (a KV cache this long holds every round)."""
+        rounds = 1 + len(self.loop_turns)
+        return len(self.loop_first) + sum(map(len, self.loop_turns)) + rounds * (self.loop_new_tokens + len(self.close))
+
+
+def next_loop_context(context: list[int], answer: list[int], turn: list[int], close: list[int],
+                      stop_ids=()) -> list[int]:
+    """The conversation after one round: + the answer + what closes it + the next user turn. An
+    answer that ended on the end-of-turn id (close[0]) keeps it and gets the rest of `close`; one
+    that ended on another stop id loses that id (the template's text has no place for it); one cut
+    at max tokens gets all of `close`. (As `bench.lm_rows.Conversation` renders it.)"""
+    if answer and answer[-1] == close[0]:
+        return context + answer + close[1:] + turn
+    if answer and answer[-1] in stop_ids:
+        answer = answer[:-1]
+    return context + answer + close + turn
+
+
+def cut_at_stop(tokens: list[int], stop_ids, max_new_tokens: int) -> list[int]:
+    """The answer up to and including its first stop id, at most max_new_tokens (engines that
+    verify several draft tokens a step may run past the stop)."""
+    for i, t in enumerate(tokens[:max_new_tokens]):
+        if t in stop_ids:
+            return tokens[:i + 1]
+    return tokens[:max_new_tokens]
+
+
+# generate(ids, max_new_tokens, keep) -> (new tokens with the stop id that ended them, ttft_ms).
+# keep=False: from an empty cache. keep=True: `ids` extends the previous call's ids + answer and
+# the engine reuses its cache for that part (where its API allows; the row's note says otherwise).
+# An engine that reuses a cached prefix by itself sets `generate.reset`: called, untimed, before
+# every keep=False call.
+LMGenerate = Callable[[list[int], int, bool], tuple[list[int], float]]
+
+
+def _ms_since(t0_ns: int) -> float:
+    return (time.monotonic_ns() - t0_ns) / 1e6
+
+
+def peak_rss_mb() -> float:
+    """This process's peak RSS (VmHWM). Not getrusage's ru_maxrss: Linux carries that across
+    fork + exec, so a worker would report its parent's peak when the parent's is higher."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def time_lm(generate: LMGenerate, w: LMWork) -> dict:
+    """Every prompt once (medians over prompts), then the whole agent loop end to end.
+
+    decode tokens/s = (new tokens - 1) / time after the first token; TTFT = call to first token;
+    tokens/s with prefill = new tokens / whole call; cpu_s_per_query = this process's CPU time
+    (all threads) per prompt; rss_mb = the process's peak RSS (a fresh worker per row)."""
+    reset = getattr(generate, "reset", lambda: None)
+    reset()
+    generate(w.prompts[0], 4, False)  # warm-up: first calls allocate
+    decode, ttft, with_prefill, cpu_s, prompts_out = [], [], [], [], []
+    for ids in w.prompts:
+        reset()
+        c0, t0 = time.process_time(), time.monotonic_ns()
+        tokens, first_ms = generate(ids, w.prompt_new_tokens, False)
+        wall_ms, cpu = _ms_since(t0), time.process_time() - c0
+        if len(tokens) > 1 and wall_ms > first_ms:
+            decode.append((len(tokens) - 1) / (wall_ms - first_ms) * 1e3)
+        ttft.append(first_ms)
+        with_prefill.append(len(tokens) / wall_ms * 1e3)
+        cpu_s.append(cpu)
+        prompts_out.append([int(t) for t in tokens])
+    loop_out, loop_ttft, context = [], [], list(w.loop_first)
+    reset()
+    t0 = time.monotonic_ns()
+    for r in range(1 + len(w.loop_turns)):
+        tokens, first_ms = generate(context, w.loop_new_tokens, r > 0)
+        loop_out.append([int(t) for t in tokens])
+        loop_ttft.append(first_ms)
+        if r < len(w.loop_turns):
+            context = next_loop_context(context, loop_out[-1], w.loop_turns[r], w.close, w.stop_ids)
+    loop_s = _ms_since(t0) / 1e3
+    return {"decode_tokens_per_s": pct(decode, 50), "ttft_ms": pct(ttft, 50),
+            "tokens_per_s_with_prefill": pct(with_prefill, 50), "loop_s": loop_s,
+            "loop_ttft_ms": pct(loop_ttft, 50), "loop_new_tokens": sum(map(len, loop_out)),
+            "loop_context_tokens": len(context) + len(loop_out[-1]),
+            "cpu_s_per_query": pct(cpu_s, 50),
+            "rss_mb": peak_rss_mb(),
+            "outputs": {"prompts": prompts_out, "loop": loop_out}}
+
+
+def folder_mb(path) -> float:
+    """Size of a model file, or of every file in a model folder, in MB."""
+    from pathlib import Path
+
+    path = Path(path)
+    files = [path] if path.is_file() else [f for f in path.rglob("*") if f.is_file()]
+    return round(sum(f.stat().st_size for f in files) / 1e6, 1)

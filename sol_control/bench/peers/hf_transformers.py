@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .common import Decide, Workload, time_decisions
+from .common import Decide, LMGenerate, LMWork, Workload, cut_at_stop, folder_mb, time_decisions, time_lm
 
 def transformers_decide(model, new_tokens: int, assistant=None) -> Decide:
     import torch
@@ -57,3 +57,72 @@ def run_transformers(hf_target: Path, hf_draft: Path | None, w: Workload) -> lis
         rows.append({"engine": "transformers", "mode": f"assisted k={w.k}", "precision": "fp32",
                      **time_decisions(transformers_decide(target, w.new_tokens, draft), w)})
     return rows
+
+
+# ---- language models (sol_control.bench.peers.lm) -----------------------------------------------
+
+HF_LOOKUP_TOKENS = 10  # prompt_lookup_num_tokens (max_matching_ngram_size stays at its default, 2)
+
+
+def transformers_lm_generate(model, stop_ids, lookup: int | None = None) -> LMGenerate:
+    """`generate()` greedy, eos = our stop ids. Plain keeps one DynamicCache across loop rounds
+    (cropped to the conversation after each answer: the last token is not in it yet); assisted
+    generation (prompt lookup) re-runs the whole input when given a filled cache (transformers
+    5.24: it appends the whole prompt again), so there every call prefills from scratch."""
+    import torch
+    from transformers import DynamicCache, GenerationConfig
+    from transformers.generation.streamers import BaseStreamer
+
+    class FirstToken(BaseStreamer):  # generate() calls put() with the prompt, then with new tokens
+        def __init__(self):
+            self.calls, self.first_ns = 0, None
+
+        def put(self, value):
+            self.calls += 1
+            if self.calls == 2:
+                self.first_ns = time.monotonic_ns()
+
+        def end(self):
+            pass
+
+    cache = [None]
+
+    def generate(ids: list[int], max_new_tokens: int, keep: bool):
+        config = GenerationConfig(max_new_tokens=max_new_tokens, min_new_tokens=0, do_sample=False, num_beams=1,
+                                  eos_token_id=list(stop_ids), pad_token_id=int(stop_ids[-1]),
+                                  prompt_lookup_num_tokens=lookup)
+        if lookup or not keep or cache[0] is None:
+            cache[0] = None if lookup else DynamicCache(config=model.config)
+        x = torch.tensor([ids], dtype=torch.long)
+        streamer = FirstToken()
+        t0 = time.monotonic_ns()
+        with torch.inference_mode():
+            out = model.generate(x, attention_mask=torch.ones_like(x), generation_config=config,
+                                 past_key_values=cache[0], streamer=streamer)
+        tokens = cut_at_stop(out[0, len(ids):].tolist(), stop_ids, max_new_tokens)
+        if cache[0] is not None:
+            extra = cache[0].get_seq_length() - (len(ids) + len(tokens) - 1)
+            if extra > 0:
+                cache[0].crop(-extra)
+        return tokens, ((streamer.first_ns or time.monotonic_ns()) - t0) / 1e6
+
+    return generate
+
+
+def prepare_transformers_lm(hf_dir: Path, work: Path, precision: str, threads: int) -> dict:
+    if precision != "fp32":
+        raise ValueError(f"transformers runs fp32 only here, got {precision!r}")
+    return {"format": "fp32 (torch eager, sdpa)", "model_mb": folder_mb(hf_dir / "model.safetensors")}
+
+
+def run_transformers_lm(hf_dir: Path, w: LMWork, work: Path, precision: str, mode: str) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(w.threads)
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    lookup = HF_LOOKUP_TOKENS if mode == "lookup" else None
+    note = ("DynamicCache kept across loop rounds" if lookup is None else
+            "assisted generation cannot continue a filled cache: every loop round prefills the whole conversation")
+    label = "plain" if lookup is None else f"prompt lookup k={lookup} n=2"
+    return {"mode": label, "note": note, **time_lm(transformers_lm_generate(model, w.stop_ids, lookup), w)}

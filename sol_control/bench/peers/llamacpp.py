@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import PRECISIONS, Decide, Workload, time_decisions
+from .common import PRECISIONS, Decide, LMGenerate, LMWork, Workload, folder_mb, time_decisions, time_lm
 
 LLAMA_FTYPES = {"int8": "LLAMA_FTYPE_MOSTLY_Q8_0", "int4": "LLAMA_FTYPE_MOSTLY_Q4_0"}
 
@@ -82,10 +82,32 @@ def gguf_convert(hf_dir: Path, out_dir: Path, precision: str, threads: int) -> P
     return out
 
 
+def no_extra_buffer_types() -> None:
+    """ggml's AMX weight buffers crash here: SIGILL at `tilezero` in ggml_backend_amx_mul_mat (the
+    CPU reports AMX, llama.cpp built with -march=native compiles it in). `Llama()` has no switch
+    for them, so its default model params get `use_extra_bufts = False` (AMX and the CPU repack
+    buffers off; Q4_1 and F32 weights have no repacked layout anyway)."""
+    import llama_cpp.llama_cpp as lib
+
+    if getattr(lib.llama_model_default_params, "no_extra_bufts", False):
+        return
+    default = lib.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    params.no_extra_bufts = True
+    lib.llama_model_default_params = params
+
+
 def llama_open(path: Path, precision: str, w: Workload, draft_model=None):
     """fp32 rows keep the KV cache in f32 (llama.cpp's default is f16, not the fp32 model);
     quantized rows keep llama.cpp's defaults."""
     import llama_cpp
+
+    no_extra_buffer_types()
 
     n_ctx = max(len(p) for p in w.prefixes) + w.new_tokens + w.k + 1
     n_ctx = -(-n_ctx // 64) * 64
@@ -187,3 +209,68 @@ def run_llama(hf_target: Path, hf_draft: Path | None, w: Workload, work: Path,
                          **time_decisions(llama_decide(llm, w.new_tokens, draft), w)})
             llm.close()
     return rows
+
+
+# ---- language models (sol_control.bench.peers.lm) -----------------------------------------------
+
+LLAMA_LOOKUP = {"num_pred_tokens": 10, "max_ngram_size": 2}  # LlamaPromptLookupDecoding's defaults
+LM_FORMATS = {"int4": "GGUF Q4_1 linears, Q8_0 embedding (the file itself)",
+              "int8": "GGUF Q8_0 (convert_hf_to_gguf F32 -> llama_model_quantize)",
+              "fp32": "GGUF F32 (convert_hf_to_gguf), f32 KV cache"}
+
+
+def llama_lm_generate(llm, stop_ids) -> LMGenerate:
+    """llama-cpp-python's `generate()` (greedy, temp 0): a prompt resets the context; a loop round
+    passes the whole conversation and `generate` keeps the KV cache of the longest prefix it holds
+    (its own prefix match). It never stops by itself: we stop at a stop id or max new tokens."""
+    stops = set(stop_ids)
+
+    def generate(ids: list[int], max_new_tokens: int, keep: bool):
+        if not keep:
+            llm.reset()
+        tokens, first_ms = [], None
+        t0 = time.monotonic_ns()
+        for token in llm.generate(ids, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0, reset=True):
+            if first_ms is None:
+                first_ms = (time.monotonic_ns() - t0) / 1e6
+            tokens.append(int(token))
+            if token in stops or len(tokens) == max_new_tokens:
+                break
+        return tokens, first_ms or 0.0
+
+    return generate
+
+
+def lm_gguf(src: Path, work: Path, precision: str, threads: int) -> Path:
+    """int4: the GGUF itself (`src`); fp32 / int8: converted from the HF folder `src`."""
+    return src if precision == "int4" else gguf_convert(src, work / "gguf", precision, threads)
+
+
+def prepare_llama_lm(src: Path, work: Path, precision: str, threads: int) -> dict:
+    path = lm_gguf(src, work, precision, threads)
+    info = {"format": LM_FORMATS[precision], "model_mb": folder_mb(path),
+            "note": "generate() keeps the KV cache of the conversation's prefix across loop rounds"}
+    if precision == "int4":
+        info["weights_from"] = "the GGUF itself (llama.cpp's native format)"
+    else:
+        info["note"] += "; converter vocabulary replaced by placeholder tokens (ids only)"
+    return info
+
+
+def run_llama_lm(src: Path, w: LMWork, work: Path, precision: str, mode: str) -> dict:
+    import llama_cpp
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    no_extra_buffer_types()
+    path = lm_gguf(src, work, precision, w.threads)
+    lookup = LLAMA_LOOKUP if mode == "lookup" else None
+    n_ctx = -(-(max(w.loop_context_max, max(map(len, w.prompts)) + w.prompt_new_tokens) + 32) // 256) * 256
+    kv = {"type_k": llama_cpp.GGML_TYPE_F32, "type_v": llama_cpp.GGML_TYPE_F32} if precision == "fp32" else {}
+    llm = llama_cpp.Llama(str(path), n_ctx=n_ctx, n_threads=w.threads, n_threads_batch=w.threads, verbose=False,
+                          draft_model=LlamaPromptLookupDecoding(**lookup) if lookup else None, **kv)
+    label = "plain" if lookup is None else f"prompt lookup k={lookup['num_pred_tokens']} n={lookup['max_ngram_size']}"
+    row = {"mode": label, **time_lm(llama_lm_generate(llm, w.stop_ids), w)}
+    if lookup:
+        row["note"] = "a draft model makes llama-cpp-python keep every position's logits (n_ctx x vocab floats)"
+    llm.close()
+    return row

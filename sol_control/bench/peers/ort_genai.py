@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import Decide, Workload, time_decisions
+from .common import Decide, LMGenerate, LMWork, Workload, cut_at_stop, folder_mb, time_decisions, time_lm
 
 def add_word_tokenizer(hf_dir: Path, vocab_size: int) -> None:
     """The GenAI builder insists on a tokenizer; token-id workloads never use it."""
@@ -107,3 +107,76 @@ def run_genai(hf_target: Path, hf_draft: Path | None, w: Workload, work: Path,
             rows.append({"engine": "ort-genai", "mode": f"speculative k={w.k}", "precision": prec,
                          **time_decisions(genai_decide(spec, w.new_tokens), w)})
     return rows
+
+
+# ---- language models (sol_control.bench.peers.lm) -----------------------------------------------
+
+GENAI_LM_PRECISIONS = ("fp32", "int8", "int4")
+GENAI_NGRAM = {"ngram_size": 3, "max_draft_tokens": 4}  # 0.18's n-gram drafting; 4 = its default K
+
+
+def genai_lm_generate(model_dir: Path, max_length: int, stop_ids, ngram: dict | None = None) -> LMGenerate:
+    """One `og.Generator` for the whole run (its KV buffer is max_length long): a prompt rewinds it
+    to the empty sequence, a loop round appends the new ids to what it holds and goes on (the KV
+    cache kept). Stops on our stop ids (the builder copies them into genai_config's eos list too;
+    a generator done on one leaves it out of the sequence: `get_next_tokens` has it); n-gram steps
+    that run past a stop are cut and the generator rewound."""
+    import onnxruntime_genai as og
+
+    model = og.Model(str(model_dir))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=max_length, do_sample=False)
+    if ngram:
+        params.set_speculative_options(**ngram)
+    gen = og.Generator(model, params)
+    stops = set(stop_ids)
+    held: list[int] = []  # the sequence the generator holds
+
+    def generate(ids: list[int], max_new_tokens: int, keep: bool):
+        t0 = time.monotonic_ns()
+        if keep:
+            assert ids[:len(held)] == held, "a loop round must extend the conversation"
+            new = ids[len(held):]
+        else:
+            gen.rewind_to(0)
+            new = ids
+        gen.append_tokens(np.asarray(new, np.int32))
+        start, first_ms, seen = len(ids), None, 0
+        while gen.token_count() - start < max_new_tokens and not gen.is_done():
+            gen.generate_next_token()
+            if first_ms is None:
+                first_ms = (time.monotonic_ns() - t0) / 1e6
+            n = gen.token_count() - start
+            last = [int(gen.get_next_tokens()[0])] if n == seen + 1 else list(gen.get_sequence(0))[start + seen:]
+            seen = n
+            if stops.intersection(int(t) for t in last):
+                break
+        tokens = [int(t) for t in gen.get_sequence(0)[start:]]
+        if gen.is_done() and len(tokens) < max_new_tokens:  # done on a stop id: it is not in the sequence
+            tokens.append(int(gen.get_next_tokens()[0]))
+        tokens = cut_at_stop(tokens, stops, max_new_tokens)
+        # the last token was chosen, not yet run through the model: append_tokens would not run
+        # it, so the generator gives it back and the next round appends it with the new ids
+        gen.rewind_to(start + len(tokens) - 1)
+        held[:] = ids + tokens[:-1]
+        return tokens, first_ms or 0.0
+
+    return generate
+
+
+def run_genai_lm(hf_dir: Path, w: LMWork, work: Path, precision: str, mode: str) -> dict:
+    """One row: the builder's model at `precision` (converted once, cached in `work`), plain or n-gram."""
+    target = genai_convert(hf_dir, work / f"genai-{precision}", precision, w.threads)
+    ngram = GENAI_NGRAM if mode == "ngram" else None
+    generate = genai_lm_generate(target, w.loop_context_max + 16, w.stop_ids, ngram)
+    label = "plain" if ngram is None else f"n-gram n={ngram['ngram_size']} k={ngram['max_draft_tokens']}"
+    return {"mode": label, **time_lm(generate, w)}
+
+
+def prepare_genai_lm(hf_dir: Path, work: Path, precision: str, threads: int) -> dict:
+    out = genai_convert(hf_dir, work / f"genai-{precision}", precision, threads)
+    shutil.rmtree(out.parent / f"{out.name}-hf", ignore_errors=True)  # the builder's copy of the source
+    fmt = {"fp32": "fp32", "int8": "builder int8 (MatMulNBits 8-bit)",
+           "int4": "builder int4 (MatMulNBits, block 32, accuracy level 4)"}[precision]
+    return {"format": fmt, "model_mb": folder_mb(out),
+            "note": "one og.Generator: prompts rewind it to 0, loop rounds append to its KV cache"}

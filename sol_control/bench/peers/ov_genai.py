@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import PRECISIONS, Decide, Workload, time_decisions
+from .common import PRECISIONS, Decide, LMGenerate, LMWork, Workload, cut_at_stop, folder_mb, time_decisions, time_lm
 from .ort_genai import add_word_tokenizer
 
 # optimum-cli --weight-format and the extra options for each precision. int4 uses groups of 32 on
@@ -98,3 +98,57 @@ def run_openvino(hf_target: Path, hf_draft: Path | None, w: Workload, work: Path
                          **time_decisions(ov_decide(spec, w.new_tokens, w.k), w)})
             del spec
     return rows
+
+
+# ---- language models (sol_control.bench.peers.lm) -----------------------------------------------
+
+OV_LOOKUP = {"num_assistant_tokens": 5, "max_ngram_size": 3}  # the values of OpenVINO's prompt-lookup sample
+
+
+def ov_lm_generate(pipe, stop_ids, lookup: dict | None = None) -> LMGenerate:
+    """`pipe.generate(ids)` with the whole conversation every time: OpenVINO GenAI 2026.4 keeps the
+    KV cache of the longest prefix a call shares with the previous one by itself (the stateful
+    and the prompt-lookup pipeline alike, chat mode or not), so a loop round prefills only its new
+    ids. A prompt must start cold, so `generate.reset` (called untimed by `time_lm` before each
+    prompt) runs one 1-token call on a lone `<|endoftext|>`-style id that no prompt starts with."""
+    import openvino as ov
+
+    config = pipe.get_generation_config()
+    config.do_sample, config.ignore_eos, config.min_new_tokens = False, False, 0
+    config.stop_token_ids = set(stop_ids)
+    config.eos_token_id = int(stop_ids[-1])
+    if lookup:
+        config.num_assistant_tokens, config.max_ngram_size = lookup["num_assistant_tokens"], lookup["max_ngram_size"]
+
+    def run(ids: list[int], max_new_tokens: int):
+        config.max_new_tokens = max_new_tokens
+        return pipe.generate(ov.Tensor(np.asarray([ids], np.int64)), config)
+
+    def generate(ids: list[int], max_new_tokens: int, keep: bool):
+        res = run(ids, max_new_tokens)
+        tokens = cut_at_stop([int(t) for t in res.tokens[0]], stop_ids, max_new_tokens)
+        return tokens, float(res.perf_metrics.get_ttft().mean)
+
+    generate.reset = lambda: run([int(stop_ids[0])], 1)
+    return generate
+
+
+def prepare_ov_lm(hf_dir: Path, work: Path, precision: str, threads: int) -> dict:
+    out = ov_export(hf_dir, work / f"ov-{precision}", precision)
+    shutil.rmtree(out.parent / f"{out.name}-hf", ignore_errors=True)  # the exporter's copy of the source
+    fmt = {"fp32": "fp32 (f32 compute and KV cache)", "int8": "NNCF int8 weights",
+           "int4": "NNCF int4 weights, group 32, ratio 1.0"}[precision]
+    return {"format": fmt, "model_mb": folder_mb(out),
+            "note": "the pipeline reuses the KV cache of the prefix a call shares with the previous one "
+                    "(loop rounds); an untimed 1-token call clears it before each prompt"}
+
+
+def run_openvino_lm(hf_dir: Path, w: LMWork, work: Path, precision: str, mode: str) -> dict:
+    import openvino_genai as og
+
+    target = ov_export(hf_dir, work / f"ov-{precision}", precision)
+    lookup = OV_LOOKUP if mode == "lookup" else None
+    pipe = og.LLMPipeline(str(target), "CPU", **ov_properties(precision, w.threads),
+                          **({"prompt_lookup": True} if lookup else {}))
+    label = "plain" if lookup is None else f"prompt lookup k={lookup['num_assistant_tokens']} n={lookup['max_ngram_size']}"
+    return {"mode": label, **time_lm(ov_lm_generate(pipe, w.stop_ids, lookup), w)}
