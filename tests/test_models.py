@@ -93,18 +93,17 @@ def test_small_eval_slice(bundle):
     assert heads["acceptance"] >= (0.6 if bundle.manifest.task == "grasp" else 0.2)  # QC's heads guess less
 
 
-def test_int4_target_is_4bit_with_an_8bit_lm_head(bundle):
-    """The shipped int4 layout (make_models): every MatMul in 4-bit blocks with zero points, the
-    lm_head in 8 bits, the draft heads fp32; an all-4-bit lm_head moved a quarter of the QC actions
-    by a bin."""
+def test_int4_target_is_4bit_with_an_int8_lm_head(bundle):
+    """The shipped int4 layout (make_models): every body linear in 4-bit blocks with zero points,
+    the lm_head and the draft heads in int8 (integer GEMMs), nothing left in fp32 MatMuls; an
+    all-4-bit lm_head moved a quarter of the QC actions by a bin."""
     import onnx
 
     graph = onnx.load(str(bundle.verify(bundle.manifest.target.fused["int4"]))).graph
     nbits = [n for n in graph.node if n.op_type == "MatMulNBits"]
-    bits = {n.name: next(a.i for a in n.attribute if a.name == "bits") for n in nbits}
-    head = [n.name for n in nbits if "logits" in n.output]
-    assert len(head) == 1 and bits[head[0]] == 8
-    body = [n for n in nbits if n.name != head[0]]
-    assert body and all(bits[n.name] == 4 and len(n.input) >= 4 for n in body)  # 4th input: zero points
-    fp32 = [n.name or n.output[0] for n in graph.node if n.op_type == "MatMul"]
-    assert fp32 and all(name.startswith("heads.") for name in fp32), fp32  # only the draft heads stay fp32
+    assert nbits and all(next(a.i for a in n.attribute if a.name == "bits") == 4 and len(n.input) >= 4
+                         for n in nbits)  # 4th input: zero points
+    integer = sorted(n.output[0] for n in graph.node if n.op_type == "MatMulIntegerToFloat")
+    k = bundle.manifest.target.draft_heads
+    assert integer == sorted(["logits.unscaled", "heads.u.unscaled", *(f"heads.logits{j}" for j in range(k))])
+    assert not [n for n in graph.node if n.op_type == "MatMul"]
