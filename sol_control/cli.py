@@ -23,6 +23,7 @@ BENCHES = {
     "decode": ("sol_control.bench.decode_bench", "decoder: standard vs quantized vs speculative"),
     "node": ("sol_control.bench.node_bench", "ROS node: stamp-to-receipt latency over DDS"),
     "cold-start": ("sol_control.ros.cold_start", "ROS node: process start to first decision, where the time goes"),
+    "lm": ("sol_control.bench.lm_bench", "a real LM (SmolLM2-135M): standard vs quantized vs speculative, agent loop"),
     "all": ("sol_control.bench.report", "everything, into bench_report/"),
 }
 

@@ -1,0 +1,284 @@
+"""`sol-control bench lm` (`make bench-lm`): a real pretrained LM, standard vs quantized vs speculative.
+
+Rows, at each thread count: `standard` (fp32, plain greedy), `int8 plain`, `int4 plain`, and
+`fp32 / int8 / int4 + draft` (the bundle's draft model or the target's own draft heads; skipped with
+a note when it has neither). Workload (`bench/data/lm_workload.json`, shared with the peers): 20 chat
+prompts, each a new conversation (cold cache, <= 128 new tokens), and a 20-round agent loop whose KV
+cache is kept across rounds; `--rounds` repeats everything. Measuring: `lm_rows`.
+
+This module: the bundle (imported from the GGUF once, again when a source's sha256 changes), the
+verify-cost table behind `ceiling_tokens`, the peers (`bench.peers.lm`, when it is there), and
+resident memory, from a fresh process per precision (and draft) that loads the sessions and
+answers the first prompt (`python -m sol_control.bench.lm_bench rss ...`). Figures, tables and
+plots: `lm_report`.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..bundle import Bundle
+from ..decoding import AdaptiveK, open_decoder
+from ..energy import EnergyMeter
+from ..lm.cache import sha256_of
+from ..lm.generate import load_tokenizer
+from . import lm_report
+from .common import REPO
+from .lm_rows import (PROMPT_NEW_TOKENS, QUICK_LOOP_ROUNDS, QUICK_PROMPTS, Row, load_workload, make_rows,
+                      run_workload, say)
+
+DEFAULT_IMPORT_DIR = Path(".work/lm/bench_bundle")
+HEADS_GLOB = "smollm2_heads*.npz"
+VERIFY_TOKENS = (1, 2, 5, 9)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--bundle", type=Path, default=None, help="an LM bundle (default: import --gguf)")
+    src.add_argument("--gguf", type=Path, default=None, help="GGUF to import (default: the `make lm-model` SmolLM2)")
+    p.add_argument("--heads", type=Path, default=None, help=f"draft heads to attach (default: models/lm/{HEADS_GLOB})")
+    p.add_argument("--draft", type=Path, default=None, help="a draft model (GGUF) imported with the target")
+    p.add_argument("--import-dir", type=Path, default=DEFAULT_IMPORT_DIR, help="where the imported bundle is kept")
+    p.add_argument("--threads", default="1,2", help="ONNX Runtime intra-op threads, comma separated")
+    p.add_argument("--quick", action="store_true", help=f"{QUICK_PROMPTS} prompts, {QUICK_LOOP_ROUNDS} loop rounds")
+    p.add_argument("--rounds", type=int, default=1, help="repeat the whole workload N times")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="cap every answer (default: the workload's)")
+    p.add_argument("--prompts", type=int, default=None, help="only the first N prompts")
+    p.add_argument("--loop-rounds", type=int, default=None, help="only the first N agent-loop rounds")
+    p.add_argument("--out", type=Path, default=Path("bench_report/lm"), help="output folder")
+    p.add_argument("--no-peers", action="store_true", help="leave out the peer engines")
+    p.add_argument("--note", action="append", default=[], help="a note for the report (repeatable)")
+
+
+
+
+# ---- the bundle: imported once, again when the GGUF, heads or draft change ----------------------
+
+def find_heads(explicit: Path | None) -> Path | None:
+    if explicit is not None:
+        if not explicit.is_file():
+            raise ValueError(f"--heads {explicit}: no such file")
+        return explicit
+    found = sorted((REPO / "models" / "lm").glob(HEADS_GLOB))
+    return found[-1] if found else None
+
+
+def _importer_takes_heads() -> bool:
+    from ..lm import importer
+
+    p = argparse.ArgumentParser()
+    importer.add_arguments(p)
+    return "--heads" in p._option_string_actions
+
+
+def builder_digest() -> str:
+    """sha256 over the source of what writes the graphs (graph builder, GGUF reader, importer): a
+    bundle imported by other code is imported again."""
+    pkg = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted([*(pkg / "graph").glob("*.py"), *(pkg / "lm").glob("*.py")]):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def ensure_bundle(gguf: Path, out: Path, heads: Path | None = None,
+                  draft: Path | None = None) -> tuple[Path, list[str]]:
+    """The bundle imported from `gguf` (int8, int4; heads and draft when given) at `out`, reused while
+    the key (the sources' sha256, the options, the builder's code) is unchanged; (path, notes)."""
+    from ..cli import main
+
+    notes = []
+    if heads is not None and not _importer_takes_heads():
+        notes.append(f"draft heads {heads} not attached: `sol-control import` has no --heads yet")
+        heads = None
+    key = {"gguf_sha256": sha256_of(gguf), "heads_sha256": heads and sha256_of(heads),
+           "draft_sha256": draft and sha256_of(draft), "quantize": "int8,int4", "builder_sha256": builder_digest()}
+    key_file = out.with_name(out.name + ".key.json")
+    if (out / "manifest.json").is_file() and key_file.is_file() and json.loads(key_file.read_text()) == key:
+        return out, notes
+    if out.exists():
+        import shutil
+
+        shutil.rmtree(out)
+    key_file.unlink(missing_ok=True)
+    argv = ["import", str(gguf), "--out", str(out), "--quantize", key["quantize"]]
+    argv += ["--heads", str(heads)] * (heads is not None) + ["--draft", str(draft)] * (draft is not None)
+    say(f"importing {gguf} into {out} (once; kept while the sources' sha256 match)")
+    if main(argv) != 0:
+        raise ValueError(f"importing {gguf} failed (see the line above)")
+    key_file.write_text(json.dumps(key, indent=1) + "\n")
+    return out, notes
+
+
+# ---- verify costs: what a perfect draft could gain -----------------------------------------------
+
+def verify_costs(sessions: dict, context: list[int], sizes, repeats: int) -> dict:
+    """{key: {T: median ms of one target call with T tokens after `context`}}: every session and T
+    interleaved in each repeat, so load changes hit them alike. The sessions are left empty."""
+    ids = np.resize(np.asarray(context, np.int64), max(sizes))
+    lengths = {}
+    for key, sess in sessions.items():
+        sess.reset()
+        sess.prefill(np.asarray(context, np.int64))
+        lengths[key] = sess.length
+    times = {key: {T: [] for T in sizes} for key in sessions}
+    for _ in range(repeats):
+        for key, sess in sessions.items():
+            for T in sizes:
+                sess.rewind(lengths[key])
+                t0 = time.monotonic_ns()
+                sess.forward(ids[:T])
+                times[key][T].append((time.monotonic_ns() - t0) / 1e6)
+    for sess in sessions.values():
+        sess.reset()
+    return {key: {T: float(np.median(v)) for T, v in per.items()} for key, per in times.items()}
+
+
+# ---- resident memory: one fresh process per precision (and draft) --------------------------------
+
+def _rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def rss_probe(argv: list[str]) -> None:
+    """`python -m sol_control.bench.lm_bench rss BUNDLE PRECISION MODES IDS`: opens the target (then
+    the draft, for mode `draft`), answers `IDS` (JSON) once per mode; prints the process RSS before
+    and after each mode (a speculative row reuses the plain row's target, as a fresh process would)."""
+    root, prec, modes, ids = argv[0], argv[1], argv[2].split(","), json.loads(argv[3])
+    bundle = Bundle.load(root, verify=False)  # the parent process has checked every sha256
+    stops = load_tokenizer(bundle).stop_ids
+    before, after = _rss_bytes(), {}
+    row = Row("probe", prec, "plain", 1, open_decoder(bundle, "target", prec, 1))
+    for mode in modes:
+        row.mode = mode
+        if mode == "draft":
+            m = bundle.manifest
+            row.draft = open_decoder(bundle, "draft", "int8" if "int8" in m.draft.precisions else m.draft.precisions[0])
+            row.controller = AdaptiveK()
+        row.generate(ids, PROMPT_NEW_TOKENS, stops, fresh=True)
+        after[mode] = _rss_bytes()
+    print(json.dumps({"before": before, "after": after}))
+
+
+def measure_rss(bundle: Bundle, rows: list[Row], ids: list[int]) -> dict[tuple[str, str], dict]:
+    """{(precision, mode): {rss_mb, rss_delta_mb}}: a fresh process per precision (all at once:
+    this measures memory, not time)."""
+    modes: dict[str, list[str]] = {}
+    for r in rows:
+        modes.setdefault(r.precision, ["plain"])
+        if r.mode not in modes[r.precision]:
+            modes[r.precision].append(r.mode)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    procs = {prec: subprocess.Popen([sys.executable, "-m", "sol_control.bench.lm_bench", "rss", str(bundle.root), prec,
+                                     ",".join(ms), json.dumps(ids)],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for prec, ms in modes.items()}
+    out = {}
+    for prec, p in procs.items():
+        stdout, stderr = p.communicate()
+        if p.returncode != 0:
+            raise ValueError(f"RSS probe {prec} failed: {stderr.strip().splitlines()[-1:]}")
+        got = json.loads(stdout.strip().splitlines()[-1])
+        for mode, rss in got["after"].items():
+            out[prec, mode] = {"rss_mb": rss / 1e6, "rss_delta_mb": (rss - got["before"]) / 1e6}
+    return out
+
+
+# ---- the run ------------------------------------------------------------------------------------
+
+def _threads(text: str) -> list[int]:
+    try:
+        threads = sorted({int(t) for t in text.split(",") if t.strip()})
+    except ValueError:
+        raise ValueError(f"--threads takes comma-separated integers, got {text!r}") from None
+    if not threads or threads[0] < 1:
+        raise ValueError(f"--threads must be positive integers, got {text!r}")
+    return threads
+
+
+def _peers(gguf: Path | None, workload: dict, threads: list[int], quick: bool) -> dict:
+    if gguf is None:
+        return {"rows": [], "note": "no GGUF for the peers (a --bundle without --gguf, and no `make lm-model` file)"}
+    try:
+        from .peers.lm import run_lm_peers
+    except ImportError as e:  # the module or the function is not there (yet)
+        return {"rows": [], "note": f"peer runners not available: {e}"}
+    rows = []
+    for t in threads:
+        say(f"peers at {t} thread(s)")
+        rows += run_lm_peers(gguf, workload, t, engines=None, quick=quick)
+    return {"rows": rows, "note": "" if rows else "no peer engine ran (see tools/setup_peers.sh)"}
+
+
+def run(args: argparse.Namespace) -> int:
+    threads = _threads(args.threads)
+    if args.rounds < 1:
+        raise ValueError(f"--rounds must be positive, got {args.rounds}")
+    load_start, t_start = os.getloadavg(), time.monotonic()
+    notes, gguf = list(args.note), args.gguf
+    if load_start[0] >= 0.5 * (os.cpu_count() or 1):
+        notes.append(f"the machine was busy: load average {load_start[0]:.1f} on {os.cpu_count()} cores at the start; "
+                     "absolute figures are noisy, ratios compare rows interleaved in this run")
+    if args.bundle is None:
+        if gguf is None:
+            from ..lm.cache import smollm2_gguf
+
+            gguf = smollm2_gguf()
+        root, import_notes = ensure_bundle(gguf, args.import_dir, find_heads(args.heads), args.draft)
+        notes += import_notes
+    else:
+        root = args.bundle
+        if gguf is None:
+            from ..lm.cache import DEFAULT_DIR, SMOLLM2_GGUF
+
+            gguf = DEFAULT_DIR / SMOLLM2_GGUF if (DEFAULT_DIR / SMOLLM2_GGUF).is_file() else None
+    bundle = Bundle.load(root)
+    tok = load_tokenizer(bundle)
+    if tok is None or not tok.chat_template:
+        raise ValueError(f"bundle {root}: no tokenizer or chat template (an LM bundle from `sol-control import`)")
+    workload = load_workload(args.quick, args.max_new_tokens, args.prompts, args.loop_rounds)
+    rows, skipped = make_rows(bundle, threads)
+    for s in skipped:
+        say(f"skipped {s['name']} @{s['threads']}t: {s['note']}")
+    meter = EnergyMeter()
+    run_workload(rows, tok, workload, args.rounds)
+    meter.update()
+    first_prompt = tok.encode_chat([{"role": "user", "content": workload["prompts"][0]}])
+    k, k_source = lm_report.draft_length(bundle, rows)
+    sizes = sorted(set(VERIFY_TOKENS) | {k + 1})
+    say(f"verify costs, T = {sizes}")
+    plain = {(r.threads, r.precision): r.target for r in rows if r.mode == "plain"}
+    verify = {}
+    for (t, prec), ms in verify_costs(plain, first_prompt, sizes, 5 if args.quick else 15).items():
+        verify.setdefault(t, {})[prec] = ms
+        say(f"verify costs {prec} @{t}t: " + ", ".join(f"T={T} {v:.1f} ms" for T, v in ms.items()))
+    say("resident memory (a fresh process per precision)")
+    rss = measure_rss(bundle, rows, first_prompt)
+    peers = {"rows": [], "note": "--no-peers"} if args.no_peers else _peers(gguf, workload, threads, args.quick)
+    command = "sol-control bench lm " + " ".join(sys.argv[3:] if sys.argv[1:3] == ["bench", "lm"] else [])
+    summary = lm_report.summarise(
+        bundle=bundle, rows=rows, skipped=skipped, verify=verify, k=(k, k_source), rss=rss, peers=peers, meter=meter,
+        workload=workload, reps=args.rounds, threads=threads, gguf=gguf, notes=notes, command=command.strip(),
+        load_start=load_start, seconds=time.monotonic() - t_start)
+    lm_report.write(summary, args.out)
+    print(lm_report.markdown(summary))
+    print(f"wrote {args.out}/summary.json, {args.out}/README.md and plots")
+    if summary["lossless"] is False:
+        say("LOSSLESS CHECK FAILED: speculative tokens differ from plain greedy (see lossless_detail)")
+        return 1
+    return 0
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["rss"]:
+    rss_probe(sys.argv[2:])

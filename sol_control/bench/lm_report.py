@@ -1,0 +1,360 @@
+"""`sol-control bench lm`, the figures: rows -> summary.json, README.md (tables) and PNG plots.
+
+Pure parts (tested with given inputs): `first_difference`, `agreement`, `ceiling`. Ratios are only
+taken between rows of the same run and thread count. The ultrafast row is the fastest quantized
+speculative row (decode tokens/s); when the bundle has no draft, the fastest quantized plain row
+stands in and `ultrafast_note` says so.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .common import table
+
+NOMINAL_K = 8  # the ceiling's draft length when no speculative row ran (T = 9, the largest verify measured)
+
+
+# ---- pure figures -------------------------------------------------------------------------------
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first position where two answers differ (one ending counts), None when they are equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def agreement(outputs: list[list[int]], reference: list[list[int]]) -> dict:
+    """How far `outputs` follow `reference`, answer by answer: the share of the reference's tokens
+    before the first difference, the share of whole answers equal, and each first difference."""
+    assert len(outputs) == len(reference), (len(outputs), len(reference))
+    firsts = [first_difference(a, b) for a, b in zip(outputs, reference)]
+    same = sum(len(b) if f is None else min(f, len(b)) for f, b in zip(firsts, reference))
+    diffs = [f for f in firsts if f is not None]
+    return {"tokens_equal_share": same / max(sum(len(b) for b in reference), 1),
+            "answers_equal_share": sum(f is None for f in firsts) / max(len(reference), 1),
+            "first_difference": firsts,
+            "first_difference_median": float(np.median(diffs)) if diffs else None}
+
+
+def ceiling(k: int, standard_ms_per_token: float, verify_ms: float) -> float:
+    """The speed-up over standard of a perfect, free draft of length k: every verify call of k + 1
+    tokens emits k + 1 tokens, so tokens/s = (k + 1) / verify_ms against 1 / standard_ms_per_token."""
+    return (k + 1) * standard_ms_per_token / verify_ms
+
+
+def _median(values) -> float | None:
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    return float(np.median(values)) if values else None
+
+
+def draft_length(bundle, rows) -> tuple[int, str]:
+    """(k, where it comes from): the heads' count, the draft model's mean proposal, or nominal."""
+    heads = bundle.manifest.target.draft_heads
+    spec = [r for r in rows if r.mode != "plain"]
+    if spec and spec[0].mode == "heads":
+        return heads, "draft heads"
+    calls = sum(run.target_calls for r in spec for rep in r.prompts for run in rep)
+    if spec and calls:
+        return max(1, round(sum(r.proposed for r in spec) / calls)), "draft model: mean proposal per target call"
+    return NOMINAL_K, f"nominal {NOMINAL_K}: no speculative row ran"
+
+
+# ---- rows -> summary ----------------------------------------------------------------------------
+
+def row_figures(r, meter, rss: dict) -> dict:
+    runs = [run for rep in r.prompts for run in rep]
+    loop_runs = [run for rep in r.loops for run in rep]
+    loops_s = [sum(run.wall_ms for run in rep) / 1e3 for rep in r.loops]
+    decode = [run.decode_tokens_per_s for run in runs]
+    calls = sum(run.target_calls for run in runs + loop_runs)
+    cpu_query = sum(run.cpu_s for run in runs) / len(runs)
+    cpu_loop = sum(run.cpu_s for run in loop_runs) / max(len(r.loops), 1)
+    return {
+        "name": r.name, "precision": r.precision, "mode": r.mode, "speculative": r.mode != "plain",
+        "threads": r.threads,
+        "decode_tokens_per_s": _median(decode),
+        "decode_tokens_per_s_min": min((d for d in decode if math.isfinite(d)), default=None),
+        "decode_tokens_per_s_max": max((d for d in decode if math.isfinite(d)), default=None),
+        "ttft_ms": _median(run.ttft_ms for run in runs),
+        "tokens_per_s_with_prefill": _median(len(run.tokens) / run.wall_ms * 1e3 for run in runs),
+        "mean_accepted": sum(len(run.tokens) - 1 for run in runs + loop_runs) / calls if calls else None,
+        "answer_tokens_mean": float(np.mean([len(run.tokens) for run in runs])),
+        "loop_s": _median(loops_s), "loop_s_min": min(loops_s), "loop_s_max": max(loops_s),
+        "loop_tokens": sum(len(run.tokens) for run in r.loops[0]),
+        "loop_ttft_ms": _median(run.ttft_ms for run in loop_runs),
+        "cpu_s_per_query": cpu_query, "joules_per_query": meter.joules(1e3 * cpu_query),
+        "cpu_s_per_loop": cpu_loop, "joules_per_loop": meter.joules(1e3 * cpu_loop),
+        **rss.get((r.precision, r.mode), {"rss_mb": None, "rss_delta_mb": None}),
+        "outputs": {"prompts": [run.tokens for run in r.prompts[0]], "loop": [run.tokens for run in r.loops[0]]},
+    }
+
+
+def lossless_check(rows) -> tuple[bool | None, list[dict]]:
+    """Speculative tokens == plain tokens of the same precision and threads, every prompt and loop
+    round of every repetition. None when no speculative row ran."""
+    plain = {(r.precision, r.threads): r for r in rows if r.mode == "plain"}
+    detail = []
+    for r in (r for r in rows if r.mode != "plain"):
+        p = plain[r.precision, r.threads]
+        prompts = [a.tokens == b.tokens for ra, rb in zip(r.prompts, p.prompts) for a, b in zip(ra, rb)]
+        loop = [a.tokens == b.tokens for ra, rb in zip(r.loops, p.loops) for a, b in zip(ra, rb)]
+        detail.append({"row": r.name, "threads": r.threads, "equal_to": p.name,
+                       "prompts_equal": f"{sum(prompts)}/{len(prompts)}",
+                       "loop_rounds_equal": f"{sum(loop)}/{len(loop)}",
+                       "lossless": all(prompts) and all(loop)})
+    return (all(d["lossless"] for d in detail) if detail else None), detail
+
+
+def _ultrafast(rows: list[dict]) -> tuple[dict, str]:
+    quantized = [r for r in rows if r["precision"] != "fp32" and r["decode_tokens_per_s"] is not None]
+    spec = [r for r in quantized if r["speculative"]]
+    if spec:
+        return max(spec, key=lambda r: r["decode_tokens_per_s"]), ""
+    return (max(quantized, key=lambda r: r["decode_tokens_per_s"]),
+            "no speculative row ran (the bundle has no draft): the fastest quantized plain row stands in")
+
+
+def _headline(by_threads: dict, threads: list[int]):
+    t = 1 if 1 in threads else threads[0]
+    return by_threads.get(str(t))
+
+
+def summarise(*, bundle, rows, skipped, verify, k, rss, peers, meter, workload, reps, threads, gguf, notes,
+              command, load_start, seconds) -> dict:
+    from .report import machine
+
+    figs = [row_figures(r, meter, rss) for r in rows]
+    lossless, lossless_detail = lossless_check(rows)
+    k, k_source = k
+    s: dict = {"command": command, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+               "machine": {**machine(), "load_average_start": list(load_start),
+                           "load_average_end": list(os.getloadavg())},
+               "seconds": seconds, "notes": list(notes),
+               "bundle": {"path": str(bundle.root), "name": bundle.manifest.name,
+                          "precisions": list(bundle.manifest.target.precisions),
+                          "draft": ("draft model" if bundle.manifest.draft is not None else
+                                    f"{bundle.manifest.target.draft_heads} draft heads"
+                                    if bundle.manifest.target.draft_heads else None),
+                          "gguf": str(gguf) if gguf else None},
+               "workload": {"prompts": len(workload["prompts"]), "prompt_max_new_tokens": workload["max_new_tokens"],
+                            "loop_rounds": len(workload["agent_loop"]["tool_results"]),
+                            "loop_max_new_tokens": workload["agent_loop"]["max_new_tokens"], "repetitions": reps},
+               "threads": threads, "skipped_rows": skipped,
+               "lossless": lossless, "lossless_detail": lossless_detail,
+               "energy": {"basis": meter.basis, "assumption": meter.assumption,
+                          "watts_per_busy_core": meter.watts_per_busy_core,
+                          "cpu_time": "process CPU time (all threads: getrusage user + system) around each answer"},
+               "rss_basis": "RSS of a fresh process after opening the row's sessions (1 thread) and answering the "
+                            "first prompt; rss_delta_mb: over the same process before opening them",
+               "verify_ms": {str(t): {p: {str(T): ms for T, ms in v.items()} for p, v in per.items()}
+                             for t, per in verify.items()}}
+    uf_rows, uf_tok, uf_loop, ceil, agree, vs_peer, best_peer = {}, {}, {}, {}, {}, {}, {}
+    peer_rows = [dict(p) for p in peers.get("rows", [])]
+    for t in threads:
+        mine = [f for f in figs if f["threads"] == t]
+        by = {f["name"]: f for f in mine}
+        std = by.get("standard")
+        if std is None or len(mine) < 2:
+            continue
+        uf, s["ultrafast_note"] = _ultrafast(mine)
+        uf_rows[str(t)] = uf["name"]
+        uf_tok[str(t)] = uf["decode_tokens_per_s"] / std["decode_tokens_per_s"]
+        uf_loop[str(t)] = std["loop_s"] / uf["loop_s"]
+        v, prec = verify.get(t, {}), uf["precision"]
+        plain = by.get(f"{prec} plain")
+        if prec in v and plain is not None:
+            std_ms, plain_ms = 1e3 / std["decode_tokens_per_s"], 1e3 / plain["decode_tokens_per_s"]
+            ratio = v[prec][k + 1] / v[prec][1]  # a call with k + 1 tokens over one token, same precision
+            ceil[str(t)] = {"precision": prec, "k": k, "k_source": k_source, "standard_ms_per_token": std_ms,
+                            "plain_ms_per_token": plain_ms, "verify_ratio": ratio, "verify_ms": plain_ms * ratio,
+                            "ceiling_tokens": ceiling(k, std_ms, plain_ms * ratio)}
+        agree[str(t)] = {f["name"]: {part: agreement(f["outputs"][part], std["outputs"][part])
+                                     for part in ("prompts", "loop")} for f in mine}
+        base = next((f for f in figs if f["name"] == "standard" and f["threads"] == threads[0]), None)
+        if t != threads[0] and base is not None:
+            agree[str(t)][f"standard vs standard @{threads[0]}t"] = {
+                part: agreement(std["outputs"][part], base["outputs"][part]) for part in ("prompts", "loop")}
+        for p in (p for p in peer_rows if p.get("threads") == t and p.get("outputs")):
+            p["agreement_vs_standard"] = {part: agreement(p["outputs"][part], std["outputs"][part])
+                                          for part in ("prompts", "loop") if part in p["outputs"]
+                                          and len(p["outputs"][part]) == len(std["outputs"][part])}
+        peers_t = [p for p in peer_rows if p.get("threads") == t and p.get("decode_tokens_per_s")]
+        if peers_t:
+            best = max(peers_t, key=lambda p: p["decode_tokens_per_s"])
+            ours = max((f for f in mine if f["decode_tokens_per_s"]), key=lambda f: f["decode_tokens_per_s"])
+            vs_peer[str(t)] = ours["decode_tokens_per_s"] / best["decode_tokens_per_s"]
+            keys = ("engine", "mode", "precision", "decode_tokens_per_s")
+            best_peer[str(t)] = {"peer": {k2: best.get(k2) for k2 in keys},
+                                 "ours": {k2: ours[k2] for k2 in ("name", "decode_tokens_per_s")}}
+    s.update({
+        "ultrafast_row": uf_rows,
+        "ultrafast_vs_standard_tokens": _headline(uf_tok, threads), "ultrafast_vs_standard_tokens_by_threads": uf_tok,
+        "ultrafast_vs_standard_loop": _headline(uf_loop, threads), "ultrafast_vs_standard_loop_by_threads": uf_loop,
+        "ceiling_tokens": (_headline(ceil, threads) or {}).get("ceiling_tokens"), "ceiling": ceil,
+        "vs_best_peer": _headline(vs_peer, threads), "vs_best_peer_by_threads": vs_peer, "best_peer": best_peer,
+        "vs_best_peer_note": "" if vs_peer else (peers.get("note") or "no peer row with decode tokens/s"),
+        "agreement": agree,
+    })
+    s.setdefault("ultrafast_note", "")
+    head_t = str(1 if 1 in threads else threads[0])
+    for prec in ("int8", "int4"):
+        a = agree.get(head_t, {}).get(f"{prec} plain")
+        s[f"agreement_{prec}_vs_fp32"] = None if a is None else {
+            part: {k2: a[part][k2] for k2 in ("tokens_equal_share", "answers_equal_share", "first_difference_median")}
+            for part in a}
+    s["peers"] = {"rows": peer_rows, "note": peers.get("note", "")}
+    s["rows"] = figs
+    return s
+
+
+# ---- output -------------------------------------------------------------------------------------
+
+def _clean(x):
+    """NaN and infinities -> null (summary.json stays strict JSON)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    if isinstance(x, np.generic):
+        return _clean(x.item())
+    return x
+
+
+def write(summary: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(_clean(summary), indent=1) + "\n")
+    (out / "README.md").write_text(markdown(summary) + "\n")
+    plot_decode(summary, out / "decode_tokens_per_s.png")
+    plot_loop(summary, out / "agent_loop.png")
+
+
+def _f(x, fmt: str = ".1f", none: str = "-") -> str:
+    return none if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, fmt)
+
+
+def _rows_table(s: dict, t: int) -> list[str]:
+    agree = s["agreement"].get(str(t), {})
+    lossless = {(d["row"], d["threads"]): d["lossless"] for d in s["lossless_detail"]}
+    head = ["row", "decode tok/s", "min-max", "TTFT ms", "tok/s w/ prefill", "mean acc.", "loop s", "loop tokens",
+            "CPU s/query", "J/query", "RSS MB", "= fp32 tokens", "= fp32 answers", "lossless"]
+    body = []
+    for r in (r for r in s["rows"] if r["threads"] == t):
+        a = agree.get(r["name"], {}).get("prompts", {})
+        body.append([r["name"] + (f" ({r['mode']})" if r["speculative"] else ""), _f(r["decode_tokens_per_s"]),
+                     f"{_f(r['decode_tokens_per_s_min'], '.0f')}-{_f(r['decode_tokens_per_s_max'], '.0f')}",
+                     _f(r["ttft_ms"], ".0f"), _f(r["tokens_per_s_with_prefill"]), _f(r["mean_accepted"], ".2f"),
+                     _f(r["loop_s"]), str(r["loop_tokens"]), _f(r["cpu_s_per_query"], ".2f"),
+                     _f(r["joules_per_query"], ".2f"),
+                     _f(r["rss_mb"], ".0f"), _f(a.get("tokens_equal_share"), ".0%"),
+                     _f(a.get("answers_equal_share"), ".0%"),
+                     {True: "yes", False: "NO", None: "-"}[lossless.get((r["name"], t))]])
+    return ["```", table(head, body), "```"]
+
+
+def markdown(s: dict) -> str:
+    m = s["machine"]
+    lines = ["# LM benchmark (`sol-control bench lm`)", "",
+             f"{s['date']}; {m['cpu']}, {m['cores']} cores, ONNX Runtime {m['onnxruntime']}; load average "
+             f"{m['load_average_start'][0]:.2f} at the start, {m['load_average_end'][0]:.2f} at the end; "
+             f"{s['seconds'] / 60:.1f} min. Command: `{s['command']}`.", "",
+             f"Bundle `{s['bundle']['name']}` ({', '.join(s['bundle']['precisions'])}; draft: "
+             f"{s['bundle']['draft'] or 'none'}). Workload: {s['workload']['prompts']} chat prompts (<= "
+             f"{s['workload']['prompt_max_new_tokens']} new tokens, cold cache each), a "
+             f"{s['workload']['loop_rounds']}-round "
+             f"agent loop (<= {s['workload']['loop_max_new_tokens']} tokens a round, KV kept across rounds); "
+             f"{s['workload']['repetitions']} repetition(s), rows interleaved prompt by prompt.", ""]
+    lines += [f"- note: {n}" for n in s["notes"]] + ([""] if s["notes"] else [])
+    if s["lossless"] is False:
+        lines += ["**LOSSLESS CHECK FAILED**: speculative tokens differ from plain greedy of the same precision:",
+                  "", "```", json.dumps(s["lossless_detail"], indent=1), "```", ""]
+    by_t = s["ultrafast_vs_standard_tokens_by_threads"]
+    for t in s["threads"]:
+        if str(t) not in by_t:
+            continue
+        c = s["ceiling"].get(str(t), {})
+        lines += [f"**{t} thread(s)**: ultrafast = {s['ultrafast_row'][str(t)]}: {by_t[str(t)]:.2f}x standard's "
+                  "decode "
+                  f"tokens/s, agent loop {s['ultrafast_vs_standard_loop_by_threads'][str(t)]:.2f}x; ceiling "
+                  f"{_f(c.get('ceiling_tokens'), '.2f')}x ({c.get('precision')}, k = {c.get('k')}, "
+                  f"{c.get('k_source')}); "
+                  f"vs best peer {_f(s['vs_best_peer_by_threads'].get(str(t)), '.2f')}", ""]
+        lines += _rows_table(s, t) + [""]
+    if s["ultrafast_note"]:
+        lines += [f"Ultrafast: {s['ultrafast_note']}.", ""]
+    lines += [f"Lossless (speculative == plain, same precision): {s['lossless']}" +
+              ("" if s["lossless"] is not None else " (no speculative row ran)")]
+    lines += [f"- skipped: {x['name']} @{x['threads']}t: {x['note']}" for x in s["skipped_rows"]] + [""]
+    lines += ["Verify cost: ms of one target call with T tokens (after the first prompt), and over T = 1:", "", "```"]
+    body = []
+    for t, per in s["verify_ms"].items():
+        for prec, v in per.items():
+            body.append([f"{prec} @{t}t"] + [f"{ms:.1f} ({ms / v['1']:.2f}x)" for ms in v.values()])
+    sizes = next(iter(next(iter(s["verify_ms"].values())).values())).keys() if s["verify_ms"] else []
+    lines += [table(["target"] + [f"T={T}" for T in sizes], body), "```", "",
+              "ceiling_tokens = (k + 1) x standard ms per token / verify ms of k + 1 tokens at the ultrafast "
+              "precision: the speed-up over standard a perfect, free draft would give with these kernels. ms per "
+              "token are the rows' (1000 / decode tokens/s, medians over the prompts); verify ms = the plain row's "
+              "ms per token x the table's T = k + 1 over T = 1 at that precision.", ""]
+    lines += [f"Energy: {s['energy']['basis']} ({s['energy']['assumption']}); {s['energy']['cpu_time']}.",
+              f"Memory: {s['rss_basis']}.", ""]
+    peers = s["peers"]
+    if peers["rows"]:
+        head = ["engine", "mode", "precision", "threads", "decode tok/s", "TTFT ms", "tok/s w/ prefill", "loop s",
+                "CPU s/query", "RSS MB", "= fp32 tokens", "note"]
+        body = [[p.get("engine", ""), p.get("mode", ""), p.get("precision", ""), p.get("threads", ""),
+                 _f(p.get("decode_tokens_per_s")), _f(p.get("ttft_ms"), ".0f"), _f(p.get("tokens_per_s_with_prefill")),
+                 _f(p.get("loop_s")), _f(p.get("cpu_s_per_query"), ".2f"), _f(p.get("rss_mb"), ".0f"),
+                 _f(p.get("agreement_vs_standard", {}).get("prompts", {}).get("tokens_equal_share"), ".0%"),
+                 p.get("note", "")] for p in peers["rows"]]
+        lines += ["Peers (same GGUF, same workload; run after our rows, not interleaved):", "", "```",
+                  table(head, body), "```", ""]
+    else:
+        lines += [f"Peers: none ({peers['note']}).", ""]
+    return "\n".join(lines)
+
+
+def _bars(ax, items: list[tuple[str, float, str]], ylabel: str, title: str) -> None:
+    names = [n for n, _, _ in items]
+    ax.bar(range(len(items)), [v for _, v, _ in items], color=[c for _, _, c in items])
+    ax.set_xticks(range(len(items)), names, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+
+
+def _color(r: dict) -> str:
+    return "#1b9e77" if "engine" in r else "#d95f02" if r.get("speculative") else "#888888"
+
+
+def _plot(s: dict, path: Path, key: str, ylabel: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    threads = s["threads"]
+    fig, axes = plt.subplots(1, len(threads), figsize=(6 * len(threads), 4.2), squeeze=False)
+    for ax, t in zip(axes[0], threads):
+        items = [(r["name"], r[key] or 0.0, _color(r)) for r in s["rows"] if r["threads"] == t]
+        items += [(f"{p.get('engine')} {p.get('mode', '')} {p.get('precision', '')}", p.get(key) or 0.0, _color(p))
+                  for p in s["peers"]["rows"] if p.get("threads") == t]
+        _bars(ax, items, ylabel, f"{title}, {t} thread(s)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_decode(s: dict, path: Path) -> None:
+    _plot(s, path, "decode_tokens_per_s", "decode tokens/s (median over prompts)", "decode")
+
+
+def plot_loop(s: dict, path: Path) -> None:
+    _plot(s, path, "loop_s", "seconds, end to end", f"{s['workload']['loop_rounds']}-round agent loop")

@@ -1,0 +1,226 @@
+"""`sol-control bench lm`, the measuring: the workload, the agent loop's conversation, rows and runs.
+
+A row owns its sessions: a prompt starts from an empty cache, a loop round from what the row's
+previous round left, so the prefill computes only the new turn (KV kept across rounds). Plain rows
+run the engine's `greedy`, speculative rows `speculate` (a draft model) or `speculate_heads` (the
+target's draft heads); all of them end after a stop id (kept) or the answer budget.
+Rows alternate prompt by prompt and round by round (`rotated`), so a noisy neighbour slows every
+row alike. A loop round's time is its generate call: the new turn's prefill on the kept cache and
+the answer (rendering the template, the harness's work, is left out).
+"""
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..bundle import Bundle
+from ..decoding import AdaptiveK, greedy, open_decoder, speculate, speculate_heads
+from ..lm.tokenizer import LMTokenizer
+
+WORKLOAD = Path(__file__).parent / "data" / "lm_workload.json"
+PROMPT_NEW_TOKENS = 128  # the prompts' answer budget, as the peers' (bench.peers.lm); a loop answer: the workload's 64
+QUICK_PROMPTS, QUICK_LOOP_ROUNDS = 3, 3  # as the peers' --quick
+ROWS = [  # (row name, target precision, speculative)
+    ("standard", "fp32", False),
+    ("int8 plain", "int8", False),
+    ("int4 plain", "int4", False),
+    ("fp32 + draft", "fp32", True),
+    ("int8 + draft", "int8", True),
+    ("int4 + draft", "int4", True),
+]
+
+_T0 = time.monotonic()
+
+
+def say(msg: str) -> None:
+    print(f"bench lm {time.monotonic() - _T0:7.1f} s: {msg}", file=sys.stderr, flush=True)
+
+
+# ---- the workload -------------------------------------------------------------------------------
+
+def load_workload(quick: bool, max_new_tokens: int | None = None, prompts: int | None = None,
+                  loop_rounds: int | None = None) -> dict:
+    """The committed workload: the first `prompts` prompts and `loop_rounds` rounds (quick: 3 and 3),
+    `max_new_tokens` capping every answer."""
+    w = json.loads(WORKLOAD.read_text())
+    for name, value in (("--max-new-tokens", max_new_tokens), ("--prompts", prompts), ("--loop-rounds", loop_rounds)):
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be positive, got {value}")
+    w["prompts"] = w["prompts"][:prompts or (QUICK_PROMPTS if quick else None)]
+    loop = w["agent_loop"]
+    loop["tool_results"] = loop["tool_results"][:loop_rounds or (QUICK_LOOP_ROUNDS if quick else None)]
+    w.setdefault("max_new_tokens", PROMPT_NEW_TOKENS)
+    if max_new_tokens is not None:
+        w["max_new_tokens"] = min(w["max_new_tokens"], max_new_tokens)
+        w["agent_loop"]["max_new_tokens"] = min(w["agent_loop"]["max_new_tokens"], max_new_tokens)
+    return w
+
+
+@dataclass
+class Conversation:
+    """An agent loop's conversation as the model sees it: each round's prompt ids extend the previous
+    round's ids and its answer exactly (what lets the KV cache carry over). The answer goes in as
+    the ids the model generated; the template's text for the next turn is encoded alone."""
+
+    tok: LMTokenizer
+    messages: list[dict]
+    ids: list[int]  # the last prompt
+    text: str  # the rendered text of `ids`
+
+    @classmethod
+    def start(cls, tok: LMTokenizer, system: str, first_user: str) -> Conversation:
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": first_user}]
+        text = tok.render_chat(messages)
+        return cls(tok, messages, tok.encode(text), text)
+
+    def next_prompt(self, answer: list[int], user: str) -> list[int]:
+        """Append the model's answer (ids, a final stop id included) and a user turn; the new prompt."""
+        stops = self.tok.stop_ids
+        content = answer[:-1] if answer and answer[-1] in stops else answer
+        self.messages += [{"role": "assistant", "content": self.tok.decode(content)},
+                          {"role": "user", "content": user}]
+        text = self.tok.render_chat(self.messages)
+        said = self.tok.decode(answer)
+        if not text.startswith(self.text + said):  # the template closes the turn another way: its text
+            answer, said = content, self.tok.decode(content)
+        if not text.startswith(self.text + said):
+            raise ValueError("the chat template re-renders earlier turns differently: the loop's prompts "
+                             "would not extend each other")
+        self.ids = self.ids + list(answer) + self.tok.encode(text[len(self.text + said):])
+        self.text = text
+        return self.ids
+
+
+# ---- rows ---------------------------------------------------------------------------------------
+
+def cpu_s() -> float:
+    """CPU-seconds of the whole process, every thread (ONNX Runtime's pools included). getrusage,
+    not time.process_time: with six 2-thread sessions open, process_time took 126 us a call here
+    (it samples every thread's clock), getrusage 0.9 us."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+@dataclass
+class Run:
+    tokens: list[int]
+    ttft_ms: float
+    wall_ms: float
+    cpu_s: float
+    target_calls: int  # decoding passes after the prefill
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        n, ms = len(self.tokens) - 1, self.wall_ms - self.ttft_ms
+        return n / ms * 1e3 if n > 0 and ms > 0 else float("nan")
+
+
+@dataclass
+class Row:
+    name: str
+    precision: str
+    mode: str  # plain | heads | draft
+    threads: int
+    target: object
+    draft: object = None
+    controller: AdaptiveK | None = None
+    prompts: list[list[Run]] = field(default_factory=list)  # [repetition][prompt]
+    loops: list[list[Run]] = field(default_factory=list)  # [repetition][round]
+    proposed: int = 0
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} @{self.threads}t"
+
+    def generate(self, ids: list[int], max_new: int, stops: tuple[int, ...], fresh: bool) -> Run:
+        """One answer after `ids`: from an empty cache (`fresh`), else reusing what the cache holds."""
+        if fresh:
+            self.target.reset()
+            if self.draft is not None:
+                self.draft.reset()
+        prefix = np.asarray(ids, np.int64)
+        c0, t0 = cpu_s(), time.monotonic_ns()
+        if self.mode == "plain":
+            res = greedy(self.target, prefix, max_new, stop_ids=stops)
+        elif self.mode == "heads":
+            res = speculate_heads(self.target, prefix, max_new, stop_ids=stops)
+        else:
+            res = speculate(self.draft, self.target, prefix, max_new, controller=self.controller, stop_ids=stops)
+        wall_ms, cpu = (time.monotonic_ns() - t0) / 1e6, cpu_s() - c0
+        self.proposed += res.stats.proposed
+        return Run(res.tokens, res.stats.ttft_ms, wall_ms, cpu, res.stats.verify_passes)
+
+
+def make_rows(bundle: Bundle, threads: list[int]) -> tuple[list[Row], list[dict]]:
+    """The rows this bundle can run, each with sessions of its own, and the skipped ones with a note.
+    "draft" is the bundle's draft model when it has one (as `generate` does), else its draft heads."""
+    m = bundle.manifest
+    spec_mode = "draft" if m.draft is not None else "heads" if m.target.draft_heads else None
+    rows, skipped = [], []
+    for t in threads:
+        for name, prec, speculative in ROWS:
+            if prec not in m.target.precisions:
+                skipped.append({"name": name, "threads": t, "note": f"the bundle has no {prec} target"})
+                continue
+            if speculative and spec_mode is None:
+                skipped.append({"name": name, "threads": t,
+                                "note": "the bundle has neither a draft model nor draft heads"})
+                continue
+            row = Row(name, prec, spec_mode if speculative else "plain", t,
+                      open_decoder(bundle, "target", prec, t, name=f"{name} @{t}t"))
+            if row.mode == "draft":
+                dprec = "int8" if "int8" in m.draft.precisions else m.draft.precisions[0]
+                row.draft = open_decoder(bundle, "draft", dprec, t, name=f"{row.label} draft")
+                row.controller = AdaptiveK()
+            rows.append(row)
+    return rows, skipped
+
+
+def rotated(rows: list[Row], i: int) -> list[Row]:
+    """Every thread group in order, each group's starting row moved on by one per turn."""
+    out = []
+    for t in sorted({r.threads for r in rows}):
+        group = [r for r in rows if r.threads == t]
+        out += group[i % len(group):] + group[:i % len(group)]
+    return out
+
+
+# ---- measuring ----------------------------------------------------------------------------------
+
+def run_workload(rows: list[Row], tok: LMTokenizer, workload: dict, reps: int) -> None:
+    stops = tok.stop_ids
+    prompts = [tok.encode_chat([{"role": "user", "content": p}]) for p in workload["prompts"]]
+    loop = workload["agent_loop"]
+    for r in rows:  # warm-up: ORT allocates its arenas in the first runs
+        r.generate(prompts[0], 8, stops, fresh=True)
+    for rep in range(reps):
+        for r in rows:
+            r.prompts.append([])
+            r.loops.append([])
+        for i, ids in enumerate(prompts):
+            for r in rotated(rows, i):
+                run = r.generate(ids, workload["max_new_tokens"], stops, fresh=True)  # a new conversation
+                r.prompts[rep].append(run)
+                say(f"rep {rep + 1}/{reps} prompt {i + 1}/{len(prompts)} {r.label:20s} {len(run.tokens):3d} tokens "
+                    f"{run.decode_tokens_per_s:6.1f} tok/s  TTFT {run.ttft_ms:6.1f} ms")
+        convs = {}
+        for k, tool in enumerate(loop["tool_results"]):
+            for r in rotated(rows, k):
+                if k == 0:
+                    convs[r.label] = Conversation.start(tok, loop["system"], tool)
+                    ids = convs[r.label].ids
+                else:
+                    ids = convs[r.label].next_prompt(r.loops[rep][-1].tokens, tool)
+                if len(ids) + loop["max_new_tokens"] > r.target.max_context:
+                    raise ValueError(f"agent loop round {k + 1}: {len(ids)} tokens + {loop['max_new_tokens']} "
+                                     f"exceed max_context={r.target.max_context}")
+                run = r.generate(ids, loop["max_new_tokens"], stops, fresh=k == 0)  # KV kept across rounds
+                r.loops[rep].append(run)
+                say(f"rep {rep + 1}/{reps} loop round {k + 1}/{len(loop['tool_results'])} {r.label:20s} "
+                    f"prompt {len(ids):4d}  {len(run.tokens):2d} tokens  {run.wall_ms:7.1f} ms")

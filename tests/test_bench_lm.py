@@ -1,0 +1,183 @@
+"""`sol-control bench lm` on a tiny Llama written here (no 135M model, no torch), and its pure parts.
+
+Checked: the whole path (import from a GGUF with a draft GGUF, every row at 1 and 2 threads, agent
+loop, verify costs, RSS probes, summary.json / README.md / PNGs) with `--quick --no-peers`; the
+summary's keys; lossless speculative rows; fp32 agreeing with itself; the bundle reused while the
+sources' sha256 match and imported again when they change; speculative rows (draft model, draft
+heads) stopping at a stop id where plain greedy stops; the agent loop's prompts extending each
+other exactly; the agreement and ceiling formulas on given inputs. Speed is never asserted.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import gguf
+import pytest
+
+from sol_control.bench import lm_bench, lm_report, lm_rows
+from sol_control.bench.lm_rows import Conversation
+from sol_control.bundle import Bundle
+from sol_control.cli import main
+from sol_control.lm.gguf_writer import write_llama_gguf
+from sol_control.lm.tiny import CHATML, random_llama, tiny_config, tiny_vocab
+from sol_control.lm.tokenizer import LMTokenizer, build_bpe
+
+KEYS = {"ultrafast_vs_standard_tokens", "ultrafast_vs_standard_tokens_by_threads", "ultrafast_vs_standard_loop",
+        "ultrafast_vs_standard_loop_by_threads", "ultrafast_row", "vs_best_peer", "vs_best_peer_note", "lossless",
+        "lossless_detail", "ceiling_tokens", "ceiling", "verify_ms", "agreement", "agreement_int8_vs_fp32",
+        "agreement_int4_vs_fp32", "energy", "rss_basis", "machine", "date", "rows", "skipped_rows", "peers",
+        "workload", "bundle", "threads", "notes"}
+ROW_KEYS = {"name", "precision", "mode", "threads", "decode_tokens_per_s", "ttft_ms", "tokens_per_s_with_prefill",
+            "mean_accepted", "loop_s", "cpu_s_per_query", "joules_per_query", "rss_mb", "rss_delta_mb", "outputs"}
+NAMES = ["standard", "int8 plain", "int4 plain", "fp32 + draft", "int8 + draft", "int4 + draft"]
+
+
+def _gguf(path, seed: int):
+    vocab = tiny_vocab()
+    config = replace(tiny_config(len(vocab.tokens)), max_context=8192)  # the loop outgrows 256 byte-level tokens
+    return write_llama_gguf(path, random_llama(config, seed=seed), vocab, embed_type=gguf.GGMLQuantizationType.Q8_0)
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    """(tmp root, the bundle folder, summary.json) of one quick run."""
+    root = tmp_path_factory.mktemp("bench_lm")
+    target, draft = _gguf(root / "tiny.gguf", 11), _gguf(root / "draft.gguf", 12)  # another model: drafts rejected
+    argv = ["bench", "lm", "--gguf", str(target), "--draft", str(draft), "--import-dir", str(root / "bundle"),
+            "--threads", "1,2", "--quick", "--no-peers", "--prompts", "3", "--loop-rounds", "3",
+            "--max-new-tokens", "6", "--out", str(root / "out")]
+    assert main(argv) == 0
+    return root, root / "bundle", json.loads((root / "out" / "summary.json").read_text())
+
+
+def test_summary_has_every_key_and_row(bench):
+    root, _, s = bench
+    assert KEYS <= set(s), KEYS - set(s)
+    assert [(r["name"], r["threads"]) for r in s["rows"]] == [(n, t) for t in (1, 2) for n in NAMES]
+    for r in s["rows"]:
+        assert ROW_KEYS <= set(r), (r["name"], ROW_KEYS - set(r))
+        assert r["rss_mb"] > 0 and r["cpu_s_per_query"] > 0 and r["loop_s"] > 0
+        assert len(r["outputs"]["prompts"]) == 3 and len(r["outputs"]["loop"]) == 3
+    assert s["workload"]["prompt_max_new_tokens"] == 6 and s["skipped_rows"] == []
+    assert set(s["ultrafast_row"]) == {"1", "2"} and s["ultrafast_row"]["1"] in ("int8 + draft", "int4 + draft")
+    assert s["ultrafast_vs_standard_tokens"] == s["ultrafast_vs_standard_tokens_by_threads"]["1"]
+    assert s["vs_best_peer"] is None and s["vs_best_peer_note"] == "--no-peers"
+    assert s["energy"]["basis"] in ("measured", "estimated") and s["energy"]["assumption"]
+    c = s["ceiling"]["1"]
+    assert s["ceiling_tokens"] == pytest.approx(lm_report.ceiling(c["k"], c["standard_ms_per_token"], c["verify_ms"]))
+    assert set(s["verify_ms"]["1"]) == {"fp32", "int8", "int4"}
+    assert {"1", "2", "5", "9"} <= set(s["verify_ms"]["1"]["int4"])
+    for name in ("decode_tokens_per_s.png", "agent_loop.png"):
+        assert (root / "out" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "ultrafast" in (root / "out" / "README.md").read_text()
+
+
+def test_speculative_rows_are_lossless_and_fp32_agrees_with_itself(bench):
+    _, _, s = bench
+    assert s["lossless"] is True and len(s["lossless_detail"]) == 6
+    assert all(d["lossless"] for d in s["lossless_detail"])
+    for t in ("1", "2"):
+        for part in ("prompts", "loop"):
+            a = s["agreement"][t]["standard"][part]
+            assert a["tokens_equal_share"] == 1.0 and a["answers_equal_share"] == 1.0
+            assert a["first_difference"] == [None] * len(a["first_difference"])
+            assert s["agreement"][t]["fp32 + draft"][part]["answers_equal_share"] == 1.0
+
+
+def test_bundle_is_reused_until_a_source_changes(bench, monkeypatch):
+    root, bundle, _ = bench
+    stamp = (bundle / "manifest.json").stat().st_mtime_ns
+    assert lm_bench.ensure_bundle(root / "tiny.gguf", bundle, None, root / "draft.gguf")[0] == bundle
+    assert (bundle / "manifest.json").stat().st_mtime_ns == stamp  # same sha256 key: not imported again
+    calls = []
+
+    def fake_import(argv):
+        calls.append(argv)
+        out = Path(argv[argv.index("--out") + 1])
+        out.mkdir(parents=True)
+        (out / "manifest.json").write_text("{}")
+        return 0
+
+    monkeypatch.setattr("sol_control.cli.main", fake_import)
+    other = root / "other_bundle"
+    lm_bench.ensure_bundle(root / "tiny.gguf", other, None, None)
+    lm_bench.ensure_bundle(root / "tiny.gguf", other, None, None)
+    assert len(calls) == 1  # the second call found its key
+    lm_bench.ensure_bundle(root / "tiny.gguf", other, None, root / "draft.gguf")
+    assert len(calls) == 2 and "--draft" in calls[-1]  # a new draft: imported again
+
+
+def test_speculative_row_stops_where_plain_greedy_stops(bench):
+    _, bundle, _ = bench
+    b = Bundle.load(bundle)
+    rows, _ = lm_rows.make_rows(b, [1])
+    plain, spec = rows[1], rows[4]  # int8 plain, int8 + draft
+    prompt = [1, 100, 71, 234, 5, 40, 41]
+    free = plain.generate(prompt, 16, (), fresh=True).tokens
+    i = next(i for i in range(2, len(free)) if free[i] not in free[:i])  # a token first seen at i
+    got = spec.generate(prompt, 16, (free[i],), fresh=True)
+    assert got.tokens == free[:i + 1] == plain.generate(prompt, 16, (free[i],), fresh=True).tokens
+
+
+def _tok() -> LMTokenizer:
+    v = tiny_vocab()
+    return LMTokenizer(build_bpe(v.tokens, v.token_types, v.merges, v.pre), (0, 2), CHATML)
+
+
+def test_loop_prompts_extend_each_other_exactly():
+    tok = _tok()
+    conv = Conversation.start(tok, "You control a QC cell.", "qc/verdict: part 1041 reject")
+    assert conv.ids == tok.encode_chat(conv.messages)
+    action = tok.encode('{"action": "divert", "part": 1041}')
+    answers = [action + [2], action[:5], action + [0]]  # stopped, cut at max_new_tokens, other stop id
+    for k, answer in enumerate(answers):
+        before = list(conv.ids)
+        ids = conv.next_prompt(answer, f"tool result {k}")
+        kept = answer[:-1] if answer[-1] == 0 else answer  # <|endoftext|>: the template closes with <|im_end|>
+        assert ids[:len(before) + len(kept)] == before + kept  # the cache carries over whole
+        assert tok.decode(ids) == tok.render_chat(conv.messages)  # and the text is the template's
+        assert tok.decode(ids).endswith(f"tool result {k}<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_first_difference_and_agreement():
+    assert lm_report.first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert lm_report.first_difference([1, 9, 3], [1, 2, 3]) == 1
+    assert lm_report.first_difference([1, 2], [1, 2, 3]) == 2
+    a = lm_report.agreement([[1, 2, 3, 4], [5, 6], [7, 8]], [[1, 2, 0, 0], [5, 6], [7]])
+    assert a["first_difference"] == [2, None, 1]
+    assert a["tokens_equal_share"] == pytest.approx((2 + 2 + 1) / (4 + 2 + 1))
+    assert a["answers_equal_share"] == pytest.approx(1 / 3)
+    assert a["first_difference_median"] == 1.5
+    same = lm_report.agreement([[1, 2], [3]], [[1, 2], [3]])
+    assert same["tokens_equal_share"] == same["answers_equal_share"] == 1.0 and same["first_difference_median"] is None
+
+
+def test_ceiling_formula():
+    # k = 4 guesses: one call of 5 tokens costs 60 ms against 40 ms per standard token -> 5 x 40 / 60
+    assert lm_report.ceiling(4, 40.0, 60.0) == pytest.approx(10 / 3)
+    assert lm_report.ceiling(8, 10.0, 90.0) == pytest.approx(1.0)  # a verify as dear as 9 tokens: no gain
+
+
+def test_heads_row_stops_where_plain_greedy_stops():
+    """The draft-heads path (`speculate_heads` with stop ids) on the shipped grasp bundle."""
+    from sol_control.bench.decode_bench import decision_prefixes
+    from sol_control.decoding import open_decoder
+
+    from .conftest import bundle_dir
+
+    root = bundle_dir("grasp")
+    if root is None:
+        pytest.skip("no grasp bundle")
+    b = Bundle.load(root)
+    assert b.manifest.target.draft_heads > 0
+    prefix = [int(t) for t in decision_prefixes(b, 1)[0]]
+    n = b.manifest.max_context - len(prefix)
+    plain = lm_rows.Row("plain", "int4", "plain", 1, open_decoder(b, "target", "int4"))
+    heads = lm_rows.Row("heads", "int4", "heads", 1, open_decoder(b, "target", "int4"))
+    free = plain.generate(prefix, n, (), fresh=True).tokens
+    assert heads.generate(prefix, n, (), fresh=True).tokens == free
+    i = next(i for i in range(2, len(free)) if free[i] not in free[:i])
+    got = heads.generate(prefix, n, (free[i],), fresh=True)
+    assert got.tokens == free[:i + 1] and got.target_calls <= i
