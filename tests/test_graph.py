@@ -407,3 +407,36 @@ def test_speculation_with_the_targets_own_heads_equals_plain_greedy(tmp_path, pr
         rejected += r.stats.proposed - r.stats.accepted
     assert accepted > 0 and rejected > 0  # both paths of the acceptance rule ran
     assert sess.exact_rows()  # the query pad: one-token rows equal verify rows
+
+
+def test_lookup_guesses_copy_what_followed_the_latest_repeat():
+    from sol_control.decoding.speculative import lookup_guesses
+
+    seq = np.array([5, 6, 7, 8, 9, 1, 2, 6, 7, 3, 4, 5, 6, 7], np.int64)
+    assert lookup_guesses(seq, 4) == [8, 9, 1, 2]  # the longest repeat first: "5 6 7" at 0
+    assert lookup_guesses(seq, 4, n_max=2) == [3, 4, 5, 6]  # "6 7": its latest earlier place is 7..8
+    assert lookup_guesses(np.array([1, 2, 3, 4], np.int64), 4) == []  # nothing repeats
+    assert lookup_guesses(np.array([9, 9, 9], np.int64), 2) == [9]  # the repeat may overlap the tail
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_speculation_with_lookup_guesses_equals_plain_greedy(tmp_path, precision):
+    """Prompt-lookup guesses instead of the heads' where the text repeats: the same tokens as plain
+    greedy (whatever is guessed), and on a text that repeats itself they are accepted more often."""
+    from sol_control.decoding import speculate_heads
+    from sol_control.graph.weights import DraftHeads
+
+    w = tiny_weights(seed=3)
+    w.heads = DraftHeads(np.zeros((2, 64, 64), np.float32), None, 0)
+    sess = FusedDecoderSession(build_decoder(w, tmp_path / f"l_{precision}.onnx", precision))
+    rng = np.random.default_rng(9)
+    more = 0
+    for _ in range(6):
+        base = rng.integers(0, 96, 6)
+        prefix = np.concatenate([base, base, base[:3]])  # the model may continue the repeat
+        plain = greedy(sess, prefix, 16).tokens
+        heads = speculate_heads(sess, prefix, 16)
+        looked = speculate_heads(sess, prefix, 16, lookup=6)
+        assert looked.tokens == plain == heads.tokens
+        more += looked.stats.proposed > heads.stats.proposed
+    assert more > 0  # lookup proposed longer guesses somewhere

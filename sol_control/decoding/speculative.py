@@ -226,8 +226,25 @@ def speculate(draft: DecoderSession, target: DecoderSession, prefix, max_new_tok
     return _finish(out, probs, max_new_tokens, stats, t0, stop_ids)
 
 
+def lookup_guesses(seq: np.ndarray, k: int, n_max: int = 3, n_min: int = 2) -> list[int]:
+    """Prompt lookup: the (up to) k tokens that followed the latest earlier occurrence of the
+    sequence's last n tokens, n from n_max down to n_min; [] when there is none. seq [L] int64."""
+    L = len(seq)
+    for n in range(n_max, n_min - 1, -1):
+        if L <= n:
+            continue
+        hits = np.ones(L - n, bool)  # window i = seq[i:i+n], followed by at least one token
+        for j in range(n):
+            hits &= seq[j:L - n + j] == seq[L - n + j]
+        found = np.flatnonzero(hits)
+        if len(found):
+            start = int(found[-1]) + n
+            return seq[start:start + k].tolist()
+    return []
+
+
 def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None = None,
-                    stop_ids: tuple[int, ...] = ()) -> DecodeResult:
+                    stop_ids: tuple[int, ...] = (), lookup: int = 0) -> DecodeResult:
     """Self-speculative greedy decoding with the target's own draft heads (a fused graph built with
     heads: it checks the guesses itself and guesses on from the row it stopped at). One call
     verifies the previous guesses and makes the next ones:
@@ -237,15 +254,23 @@ def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None =
             before them; row n's argmax is the target's own next token, its heads guess on
 
     Output == plain greedy of the same target (greedy acceptance; the graph's rows do not depend on
-    how many tokens share a pass), ending after a token in `stop_ids` (kept) as greedy does."""
+    how many tokens share a pass), ending after a token in `stop_ids` (kept) as greedy does.
+
+    `lookup` > 0: where the text so far repeats itself (`lookup_guesses`: its last 2-3 tokens seen
+    before), up to `lookup` tokens that followed them there are the guesses instead of the heads'
+    (an agent loop copying ids and keys from its tool results); the graph verifies either alike."""
     t0 = time.monotonic_ns()
     budget = budget or Budget.unlimited()
     prefix = _check_request(target, prefix, max_new_tokens)
     rule, stats = Rule(), DecodeStats()
     out, probs = _prefill(target, prefix, rule, stats, t0)
+    seq = np.concatenate([prefix, np.zeros(max_new_tokens, np.int64)])  # the committed text, for lookups
     guesses = target.head_ids.tolist()
     while len(out) < max_new_tokens and out[-1] not in stop_ids and not budget.expired():
         seq_len = len(prefix) + len(out)  # committed tokens; the target holds seq_len - 1 of them
+        if lookup:
+            seq[len(prefix):seq_len] = out
+            guesses = lookup_guesses(seq[:seq_len], lookup) or guesses
         kk = min(len(guesses), max_new_tokens - len(out) - 1)
         t_logits = target.forward(np.array([out[-1]] + guesses[:kk], np.int64), rows=kk + 1)  # [kk+1, V]
         n = target.accepted

@@ -75,11 +75,13 @@ def plain_greedy(target, prefix: np.ndarray, max_new_tokens: int, stop_ids: tupl
                       tokens[-1] in stop_ids, "plain")
 
 
-def speculative(target, draft, prefix: np.ndarray, max_new_tokens: int, stop_ids: tuple[int, ...]) -> Generation:
-    """Greedy speculative decoding (draft decoder, or the target's draft heads when `draft` is None)."""
+def speculative(target, draft, prefix: np.ndarray, max_new_tokens: int, stop_ids: tuple[int, ...],
+                lookup: int = 0) -> Generation:
+    """Greedy speculative decoding (draft decoder, or the target's draft heads when `draft` is None,
+    with prompt-lookup guesses where the text repeats when `lookup` > 0)."""
     from sol_control.decoding import speculate, speculate_heads
 
-    result = (speculate_heads(target, prefix, max_new_tokens, stop_ids=stop_ids) if draft is None
+    result = (speculate_heads(target, prefix, max_new_tokens, stop_ids=stop_ids, lookup=lookup) if draft is None
               else speculate(draft, target, prefix, max_new_tokens, k=None, stop_ids=stop_ids))
     s, tokens = result.stats, result.tokens
     return Generation(tokens, s.ttft_ms, s.wall_ms - s.ttft_ms, s.mean_accepted, tokens[-1] in stop_ids,
@@ -88,7 +90,7 @@ def speculative(target, draft, prefix: np.ndarray, max_new_tokens: int, stop_ids
 
 def generate(bundle: Bundle, prefix: list[int], max_new_tokens: int, precision: str | None = None,
              use_draft: bool = True, threads: int = 1,
-             on_token: Callable[[int], None] = lambda t: None) -> Generation:
+             on_token: Callable[[int], None] = lambda t: None, lookup: int = 0) -> Generation:
     """Greedy tokens after `prefix` from a verified bundle; speculative when it has a draft (or
     draft heads) and `use_draft`."""
     from sol_control.decoding import open_decoder
@@ -113,7 +115,7 @@ def generate(bundle: Bundle, prefix: list[int], max_new_tokens: int, precision: 
         draft = open_decoder(bundle, "draft", draft_precision, threads=threads)
         gen = speculative(target, draft, ids, max_new_tokens, stops)
     elif use_draft and m.target.draft_heads and m.target.fused.get(precision):
-        gen = speculative(target, None, ids, max_new_tokens, stops)
+        gen = speculative(target, None, ids, max_new_tokens, stops, lookup)
     else:
         gen = plain_greedy(target, ids, max_new_tokens, stops, on_token)
     gen.precision = precision
@@ -162,6 +164,8 @@ def add_arguments(p) -> None:
     p.add_argument("--precision", choices=("fp32", "int8", "int4"), default=None,
                    help="the target's precision (default fp32)")
     p.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads")
+    p.add_argument("--lookup", type=int, default=0,
+                   help="with draft heads: up to N prompt-lookup guesses where the text repeats (0 = off)")
     p.add_argument("--json", default=None, help="write tokens, ttft_ms, decode_tokens_per_s, mean_accepted here")
 
 
@@ -170,7 +174,10 @@ def run(args) -> int:
     tok = load_tokenizer(bundle)
     ids = prompt_ids(args, tok)
     stream = TextStream(tok)
-    gen = generate(bundle, ids, args.max_new_tokens, args.precision, not args.no_draft, args.threads, stream)
+    if not 0 <= args.lookup <= 32:
+        raise ValueError(f"--lookup must be in 0..32, got {args.lookup}")
+    gen = generate(bundle, ids, args.max_new_tokens, args.precision, not args.no_draft, args.threads, stream,
+                   args.lookup)
     if gen.mode != "plain":  # the speculative engine returns the whole answer
         for token in gen.tokens:
             stream(token)
