@@ -324,7 +324,8 @@ def markdown(s: dict) -> str:
 
 def _bars(ax, items: list[tuple[str, float, str]], ylabel: str, title: str) -> None:
     names = [n for n, _, _ in items]
-    ax.bar(range(len(items)), [v for _, v, _ in items], color=[c for _, _, c in items])
+    bars = ax.bar(range(len(items)), [v for _, v, _ in items], color=[c for _, _, c in items])
+    ax.bar_label(bars, fmt="%.1f", fontsize=7)
     ax.set_xticks(range(len(items)), names, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
