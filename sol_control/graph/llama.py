@@ -112,6 +112,7 @@ class BuildOptions:
     int4_zero_points: str = "float"  # given Int4Blocks: "float" zero points or "mins" (module docstring)
     int8_kernel: str = "integer"  # int8 linears: "integer" (MatMulIntegerToFloat, rows) or "nbits" (module docstring)
     heads_int8: bool = True  # quantized graphs: the draft heads' weights in int8 too (integer kernel only)
+    int8_activations: str = "rows"  # integer int8 linears: "rows" (8 bits a row) or "dual" (+ residuals, ~15 bits)
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -124,6 +125,8 @@ class BuildOptions:
             raise ValueError(f"head_bits must be 4, 8 or None (fp32), got {self.head_bits}")
         if self.int4_zero_points not in ("float", "mins"):
             raise ValueError(f"int4_zero_points must be 'float' or 'mins', got {self.int4_zero_points!r}")
+        if self.int8_activations not in ("rows", "dual"):
+            raise ValueError(f"int8_activations must be 'rows' or 'dual', got {self.int8_activations!r}")
         if self.int8_kernel not in INT8_KERNELS:
             raise ValueError(f"int8_kernel must be one of {INT8_KERNELS}, got {self.int8_kernel!r}")
         if self.max_context is not None and self.max_context <= 0:
@@ -150,7 +153,7 @@ class _Writer:
     def __init__(self):
         self.nodes, self.inits, self.const_names = [], [], set()
         self.block_sums: dict[tuple[str, int], str] = {}  # (input, block) -> its block sums, shared
-        self.row_quant: dict[str, tuple[str, str]] = {}  # input -> (uint8 rows, row scales), shared
+        self.row_quant: dict[tuple[str, bool], tuple[str, str]] = {}  # (input, dual) -> (uint8 rows, |max|), shared
 
     def const(self, name: str, array: np.ndarray) -> str:
         """An initializer; a name written before is that one (the heads reuse the lm_head's)."""
@@ -191,7 +194,7 @@ def _linear(g: _Writer, x: str, out: str, names: list[str], weights: LlamaWeight
         return g.node("MatMul", [x, g.const(f"{key}.T", w.T)], [out])[0]
     if bits == 8 and opts.integer_int8:
         w = np.concatenate([weights.linear(n) for n in names], axis=0)
-        return _integer_linear(g, x, out, key, w)
+        return _integer_linear(g, x, out, key, w, opts.int8_activations == "dual")
     b = quant.concat([_blocks(weights, n, bits, symmetric, opts) for n in names])
     mins = None
     if opts.int4_zero_points == "mins" and b.zero_points is not None and b.zero_points.dtype == np.float32:
@@ -208,24 +211,32 @@ def _linear(g: _Writer, x: str, out: str, names: list[str], weights: LlamaWeight
     return g.node("Add", [y, m], [out])[0]  # [1, T, n]
 
 
-def _integer_linear(g: _Writer, x: str, out: str, key: str, w: np.ndarray) -> str:
+def _integer_linear(g: _Writer, x: str, out: str, key: str, w: np.ndarray, dual: bool) -> str:
     """y = x @ w.T in int8: w [n_out, k_in] per output channel (symmetric, scale = |max| / 127), x
     per row (`_row_quant`); MatMulIntegerToFloat is MLAS's u8s8 GEMM (VNNI / AMX), then the rows'
-    |max| (their 1/127 is folded into the channel scales)."""
+    |max| (their 1/127 is folded into the channel scales). `dual`: the rows and their residuals
+    in one GEMM of 2T rows, y = (y_rows + y_residuals / 254) * |max|."""
     q, scales = quant.per_channel_int8(w)
-    xq, amax = _row_quant(g, x)
+    xq, amax = _row_quant(g, x, dual)
     y = g.node("MatMulIntegerToFloat", [xq, g.const(f"{key}.s8.T", np.ascontiguousarray(q.T)), "rowq.one",
                                          g.const(f"{key}.channel_scales", scales / np.float32(127)), "rowq.zero_point"],
                [f"{out}.unscaled"], MS_DOMAIN)[0]
+    if dual:
+        hi, lo = g.node("Split", [y], [f"{out}.hi", f"{out}.lo"], axis=1, num_outputs=2)  # [1, T, n] each
+        g.const("rowq.residual_weight", np.array(1 / 254, np.float32))
+        y = g.node("Add", [hi, g.node("Mul", [lo, "rowq.residual_weight"], [f"{out}.lo_scaled"])[0]], [f"{out}.sum"])[0]
     return g.node("Mul", [y, amax], [out])[0]  # [1, T, n]
 
 
-def _row_quant(g: _Writer, x: str) -> tuple[str, str]:
+def _row_quant(g: _Writer, x: str, dual: bool) -> tuple[str, str]:
     """x [1, T, k] -> (uint8 [1, T, k], |row max| [1, T, 1]): each row on its own symmetric scale
     (round(127 x / |row max|) + 128), so a row's numbers never depend on the other rows of the
-    call: a one-token pass equals that token's row in a verify pass bit for bit. Made once per
-    input (q|k|v are one packed linear; gate and up share theirs)."""
-    if x not in g.row_quant:
+    call: a one-token pass equals that token's row in a verify pass bit for bit. `dual`: uint8
+    [1, 2T, k], the rows, then what they left (x / |max| - the rows' values, in [-1/254, 1/254]) in
+    steps 254 times finer: ~15 bits per activation for a GEMM of twice the rows (a language model's
+    activations have too wide a range per row for 8 bits). Made once per input (q|k|v are one
+    packed linear; gate and up share theirs)."""
+    if (x, dual) not in g.row_quant:
         g.const("rowq.one", np.array(1.0, np.float32))
         g.const("rowq.zero_point", np.array(128, np.uint8))
         g.const("rowq.tiny", np.array([1e-30], np.float32))
@@ -234,8 +245,15 @@ def _row_quant(g: _Writer, x: str) -> tuple[str, str]:
         amax = g.node("ReduceMax", [g.node("Abs", [x], [f"{x}.abs"])[0], "rowq.last_axis"], [f"{x}.amax"], keepdims=1)[0]
         amax = g.node("Max", [amax, "rowq.tiny"], [f"{x}.amax_pos"])[0]  # an all-zero row stays zero
         unit = g.node("Div", [x, amax], [f"{x}.unit"])[0]  # [-1, 1]
-        g.row_quant[x] = (g.node("QuantizeLinear", [unit, "rowq.step", "rowq.zero_point"], [f"{x}.u8"])[0], amax)
-    return g.row_quant[x]
+        xq = g.node("QuantizeLinear", [unit, "rowq.step", "rowq.zero_point"], [f"{x}.u8"])[0]
+        if dual:
+            g.const("rowq.fine_step", np.array(1 / 127 / 254, np.float32))
+            back = g.node("DequantizeLinear", [xq, "rowq.step", "rowq.zero_point"], [f"{x}.u8_value"])[0]
+            left = g.node("Sub", [unit, back], [f"{x}.residual"])[0]
+            fine = g.node("QuantizeLinear", [left, "rowq.fine_step", "rowq.zero_point"], [f"{x}.residual_u8"])[0]
+            xq = g.node("Concat", [xq, fine], [f"{x}.dual_u8"], axis=1)[0]  # [1, 2T, k]
+        g.row_quant[(x, dual)] = (xq, amax)
+    return g.row_quant[(x, dual)]
 
 
 def _block_sums(g: _Writer, x: str, k_blocks: int, block: int) -> str:
@@ -342,7 +360,7 @@ def _draft_heads(g: _Writer, rows: str, best: str, weights: LlamaWeights, opts: 
     row = g.node("Gather", [rows, n], ["heads.h"], axis=1)[0]  # [1, 1, H]
     int8 = opts.precision != "fp32" and opts.heads_int8 and opts.integer_int8
     if int8:
-        u = _integer_linear(g, row, "heads.u", "heads.w1", heads.w1.reshape(k * hidden, hidden))  # [1, 1, K*H]
+        u = _integer_linear(g, row, "heads.u", "heads.w1", heads.w1.reshape(k * hidden, hidden), False)  # [1, 1, K*H]
     else:
         w1 = g.const("heads.w1", np.ascontiguousarray(heads.w1.transpose(2, 0, 1).reshape(hidden, k * hidden)))
         u = g.node("MatMul", [row, w1], ["heads.u"])[0]  # [1, 1, K*H]
@@ -358,7 +376,7 @@ def _draft_heads(g: _Writer, rows: str, best: str, weights: LlamaWeights, opts: 
         logits = _lm_head(g, hk, "heads.logits", weights, opts)  # [1, K, vocab]
     elif int8:  # K rows, each through its own head's int8 w2 (argmax needs no row scale)
         g.const("heads.axis0", np.array([0], np.int64))
-        hq, _ = _row_quant(g, g.node("Unsqueeze", [hj, "heads.axis0"], ["heads.hk"])[0])  # [1, K, H] uint8
+        hq, _ = _row_quant(g, g.node("Unsqueeze", [hj, "heads.axis0"], ["heads.hk"])[0], False)  # [1, K, H] uint8
         parts = g.node("Split", [hq], [f"heads.hq{j}" for j in range(k)], axis=1, num_outputs=k)
         outs = []
         for j, part in enumerate(parts):
