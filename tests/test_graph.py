@@ -440,3 +440,25 @@ def test_speculation_with_lookup_guesses_equals_plain_greedy(tmp_path, precision
         assert looked.tokens == plain == heads.tokens
         more += looked.stats.proposed > heads.stats.proposed
     assert more > 0  # lookup proposed longer guesses somewhere
+
+
+def test_dual_int8_activations_are_closer_to_fp32_and_still_row_exact(tmp_path):
+    """int8_activations='dual' (rows + their residuals, one GEMM of 2T rows): logits closer to the
+    fp32 graph's than 8-bit rows give, and one-token rows still equal verify rows bit for bit."""
+    w = tiny_weights(seed=4)
+    ids = np.random.default_rng(2).integers(0, 96, 24)
+    # the reference: fp32 on the int8 graph's own weights, so only the activations' rounding differs
+    same = LlamaWeights(w.config, dict(w.tensors))
+    for name in same.tensors:
+        if name.endswith("proj.weight") or name == "lm_head.weight":
+            q, scales = quant.per_channel_int8(same.tensors[name])
+            same.tensors[name] = q.astype(np.float32) * scales[:, None]
+    want = all_logits(build_decoder(same, tmp_path / "f.onnx", "fp32"), ids, [24])
+    err = {}
+    for mode in ("rows", "dual"):
+        path = build_decoder(w, tmp_path / f"{mode}.onnx", "int8", int8_activations=mode)
+        err[mode] = np.abs(all_logits(path, ids, [24]) - want).max()
+        assert FusedDecoderSession(path).exact_rows()
+    assert err["dual"] < err["rows"] / 4, err
+    with pytest.raises(ValueError, match="int8_activations"):
+        build_decoder(w, tmp_path / "x.onnx", "int8", int8_activations="int16")
