@@ -144,11 +144,20 @@ def test_import_pulls_in_no_peer_library():
 
 # ---- each peer on the tiny model (skipped without its venv) -----------------------------------------
 
+# 8 loop rounds: the conversation passes 512 tokens (llama-cpp-python's prompt lookup broke there)
+LONG_WORKLOAD = {**TINY_WORKLOAD, "agent_loop": {**TINY_WORKLOAD["agent_loop"], "tool_results": [
+    f"qc/verdict: part {1041 + i} {'reject' if i % 3 else 'pass'} latency_ms={4 + i}.2" for i in range(8)]}}
+
+
 @pytest.fixture(scope="module")
-def reference(tiny_gguf, tmp_path_factory):
+def ref_bundle(tiny_gguf, tmp_path_factory):
+    return tmp_path_factory.mktemp("lm_ref")
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_gguf, ref_bundle):
     """Our fp32 engine's greedy tokens (sol-control import + generate), checked against numpy."""
-    root = tmp_path_factory.mktemp("lm_ref")
-    ref = lm.fp32_reference(tiny_gguf, TINY_WORKLOAD, 1, bundle=root / "bundle", cache=root)
+    ref = lm.fp32_reference(tiny_gguf, TINY_WORKLOAD, 1, bundle=ref_bundle / "bundle", cache=ref_bundle)
     w = lm.lm_work(read_gguf_tokenizer(tiny_gguf), TINY_WORKLOAD)
     numpy_ref = LlamaReference(read_gguf_weights(tiny_gguf))
     assert ref["prompts"] == [numpy_ref.greedy(p, 128, (0, 2)) for p in w.prompts]
@@ -163,17 +172,19 @@ def skip_without(engine: str):
     return pytest.mark.skipif(not lm.venv_ready(engine), reason=f"no {venv.name} (bash tools/setup_peers.sh {target})")
 
 
-def assert_peer_matches(engine: str, modes, tiny_gguf, reference, tmp_path, exact=("fp32",)) -> list[dict]:
-    rows = lm.run_lm_peers(tiny_gguf, TINY_WORKLOAD, 1, engines=(engine,), reference=reference,
+def assert_peer_matches(engine: str, modes, tiny_gguf, reference, tmp_path, exact=("fp32",),
+                        workload=TINY_WORKLOAD) -> list[dict]:
+    rows = lm.run_lm_peers(tiny_gguf, workload, 1, engines=(engine,), reference=reference,
                            modes={engine: modes}, work=tmp_path)
     assert len(rows) == len(modes)
+    rounds = len(workload["agent_loop"]["tool_results"])
     for row in rows:
         assert not row.get("skipped"), row["note"]
         assert row["decode_tokens_per_s"] > 0 and row["ttft_ms"] >= 0 and row["loop_s"] > 0 and row["rss_mb"] > 0
-        assert len(row["outputs"]["prompts"]) == 3 and len(row["outputs"]["loop"]) == 3
+        assert len(row["outputs"]["prompts"]) == 3 and len(row["outputs"]["loop"]) == rounds
         if row["precision"] in exact:
             a = row["agreement"]
-            assert (a["prompts_equal"], a["loop_rounds_equal"]) == (3, 3), (row["mode"], a)
+            assert (a["prompts_equal"], a["loop_rounds_equal"]) == (3, rounds), (row["mode"], a)
     return rows
 
 
@@ -197,8 +208,11 @@ def test_transformers_lm_matches_our_fp32(tiny_gguf, reference, tmp_path):
 
 @pytest.mark.timeout(600)
 @skip_without("llama.cpp")
-def test_llama_cpp_lm_matches_our_fp32(tiny_gguf, reference, tmp_path):
-    """F32 GGUF from the HF folder: our tokens; the file itself (Q4_1, int8 activations) just runs."""
+def test_llama_cpp_lm_matches_our_fp32(tiny_gguf, ref_bundle, tmp_path):
+    """F32 GGUF from the HF folder: our tokens, over a loop past 512 tokens; the file itself
+    (Q4_1, int8 activations) just runs."""
+    reference = lm.fp32_reference(tiny_gguf, LONG_WORKLOAD, 1, bundle=ref_bundle / "bundle", cache=ref_bundle)
     rows = assert_peer_matches("llama.cpp", [("fp32", "plain"), ("fp32", "lookup"), ("int4", "plain")],
-                               tiny_gguf, reference, tmp_path)
+                               tiny_gguf, reference, tmp_path, workload=LONG_WORKLOAD)
+    assert all(r["loop_context_tokens"] > 512 for r in rows)
     assert rows[-1]["weights_from"].startswith("the GGUF itself")

@@ -266,11 +266,15 @@ def run_llama_lm(src: Path, w: LMWork, work: Path, precision: str, mode: str) ->
     lookup = LLAMA_LOOKUP if mode == "lookup" else None
     n_ctx = -(-(max(w.loop_context_max, max(map(len, w.prompts)) + w.prompt_new_tokens) + 32) // 256) * 256
     kv = {"type_k": llama_cpp.GGML_TYPE_F32, "type_v": llama_cpp.GGML_TYPE_F32} if precision == "fp32" else {}
+    # a draft model needs every position's logits; llama-cpp-python 0.3.36 turns that on by itself
+    # but sizes its logits array from the argument (n_batch rows), so a context past 512 tokens
+    # overflows it: logits_all=True given explicitly
     llm = llama_cpp.Llama(str(path), n_ctx=n_ctx, n_threads=w.threads, n_threads_batch=w.threads, verbose=False,
-                          draft_model=LlamaPromptLookupDecoding(**lookup) if lookup else None, **kv)
+                          draft_model=LlamaPromptLookupDecoding(**lookup) if lookup else None,
+                          logits_all=bool(lookup), **kv)
     label = "plain" if lookup is None else f"prompt lookup k={lookup['num_pred_tokens']} n={lookup['max_ngram_size']}"
     row = {"mode": label, **time_lm(llama_lm_generate(llm, w.stop_ids), w)}
     if lookup:
-        row["note"] = "a draft model makes llama-cpp-python keep every position's logits (n_ctx x vocab floats)"
+        row["note"] = "a draft model keeps every position's logits (n_ctx x vocab floats: the RSS)"
     llm.close()
     return row

@@ -157,16 +157,15 @@ def call_worker(engine: str, spec: dict, work: Path, timeout_s: float) -> dict:
 
 
 def prepared(engine: str, spec: dict, work: Path, timeout_s: float) -> dict:
-    """The engine's model at `precision`, converted once; how long that took and its size, recorded
-    next to it (a later run reads the record, so cached runs still report the conversion)."""
+    """The engine's model at `precision` (the worker converts it when it is not there yet) and its
+    format, size and notes; the first conversion's time is recorded next to it, so runs on the
+    cached model still report it (`convert_s`, the worker process's wall time)."""
     record = work / f"{engine}-{spec['precision']}.convert.json"
-    if record.is_file():
-        return json.loads(record.read_text())
     t0 = time.monotonic_ns()
     info = call_worker(engine, {**spec, "step": "prepare"}, work, timeout_s)
-    info["convert_s"] = round((time.monotonic_ns() - t0) / 1e9, 1)
-    record.write_text(json.dumps(info))
-    return info
+    if not record.is_file():
+        record.write_text(json.dumps({"convert_s": round((time.monotonic_ns() - t0) / 1e9, 1)}))
+    return {**info, "convert_s": json.loads(record.read_text())["convert_s"]}
 
 
 def empty_row(engine: str, mode: str | None, precision: str | None, threads: int, note: str) -> dict:
