@@ -161,7 +161,7 @@ class EnergyConfig(Strict):
     watts_per_busy_core: float = Field(
         DEFAULT_WATTS_PER_BUSY_CORE, gt=0.0, le=1000.0,
         description="assumed power of one busy CPU core, used for joules per decision when RAPL cannot "
-                    "be read (W; the default is AMD EPYC 9655's 400 W TDP / 96 cores)")
+                    "be read (W; the default is a many-core server CPU's TDP per core: AMD EPYC 9655, 400 W / 96 cores)")
 
 
 class InputConfig(Strict):

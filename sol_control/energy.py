@@ -27,11 +27,25 @@ from pathlib import Path
 
 POWERCAP = Path("/sys/class/powercap")
 PROC_STAT = Path("/proc/stat")
-# AMD EPYC 9655 (Zen 5, 96 cores): 400 W default TDP (AMD's product page) / 96 cores. This machine
-# reports an AMD EPYC of family 26 (Zen 5) without the model number; TDP is the package at full load.
+# A current many-core server CPU's TDP per core, AMD EPYC 9655 (Zen 5, 96 cores): 400 W default TDP
+# (AMD's product page) / 96 cores; TDP is the package at full load. The hosts we ran on (an AMD EPYC
+# of family 26, an Intel Xeon with AMX) are cloud VMs of that class that report no model number.
 DEFAULT_WATTS_PER_BUSY_CORE = 4.2
-DEFAULT_ASSUMPTION = ("no readable RAPL: {w:g} W per busy core assumed (AMD EPYC 9655, Zen 5: 400 W TDP / 96 "
-                      "cores; package at TDP shared evenly; idle, memory and the rest of the host not counted)")
+DEFAULT_ASSUMPTION = ("no readable RAPL: {w:g} W per busy core assumed (a many-core server CPU's TDP per core, e.g. "
+                      "AMD EPYC 9655: 400 W / 96 cores; package at TDP shared evenly; idle, memory and the rest "
+                      "of the host not counted; this host: {cpu})")
+CPUINFO = Path("/proc/cpuinfo")
+
+
+def cpu_model(cpuinfo: Path = CPUINFO) -> str:
+    """The first 'model name' of /proc/cpuinfo ('unknown CPU' where there is none)."""
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
 MEASURED = "measured"
 ESTIMATED = "estimated"
 
@@ -103,7 +117,7 @@ class EnergyMeter:
         if self.measured_w is not None:
             return (f"RAPL package energy / busy CPU-seconds of the machine over the last window: "
                     f"{self.measured_w:.2f} W per busy core (idle power charged to the work)")
-        return DEFAULT_ASSUMPTION.format(w=self.assumed_w) + f" [{self.why_estimated}]"
+        return DEFAULT_ASSUMPTION.format(w=self.assumed_w, cpu=cpu_model()) + f" [{self.why_estimated}]"
 
     def update(self) -> None:
         if not self.zones:

@@ -132,3 +132,12 @@ def test_diagnostics_carry_cpu_joules_policy_and_the_line(tmp_path):
     assert node["joules_per_decision_basis"] == "estimated" and "assumed" in node["energy_assumption"]
     root = st.to_msg(Time().to_msg(), "active", "", {}, 0, meter)  # root namespace: the old names
     assert [s.name for s in root.status] == ["sol_control: node", "sol_control: qc"]
+
+
+def test_the_estimate_names_the_host_cpu(tmp_path):
+    from sol_control.energy import cpu_model
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\nflags\t: avx\n")
+    assert cpu_model(info) == "Intel(R) Xeon(R) Processor"
+    assert cpu_model(tmp_path / "missing") == "unknown CPU"
