@@ -26,13 +26,15 @@ from ..lm.tokenizer import LMTokenizer
 WORKLOAD = Path(__file__).parent / "data" / "lm_workload.json"
 PROMPT_NEW_TOKENS = 128  # the prompts' answer budget, as the peers' (bench.peers.lm); a loop answer: the workload's 64
 QUICK_PROMPTS, QUICK_LOOP_ROUNDS = 3, 3  # as the peers' --quick
-ROWS = [  # (row name, target precision, speculative)
-    ("standard", "fp32", False),
-    ("int8 plain", "int8", False),
-    ("int4 plain", "int4", False),
-    ("fp32 + draft", "fp32", True),
-    ("int8 + draft", "int8", True),
-    ("int4 + draft", "int4", True),
+LOOKUP = 8  # prompt-lookup guesses of the "+ lookup" row (speculate_heads(lookup=...))
+ROWS = [  # (row name, target precision, speculative, prompt lookup)
+    ("standard", "fp32", False, 0),
+    ("int8 plain", "int8", False, 0),
+    ("int4 plain", "int4", False, 0),
+    ("fp32 + draft", "fp32", True, 0),
+    ("int8 + draft", "int8", True, 0),
+    ("int4 + draft", "int4", True, 0),
+    ("int8 + draft + lookup", "int8", True, LOOKUP),  # heads bundles only
 ]
 
 _T0 = time.monotonic()
@@ -133,6 +135,7 @@ class Row:
     prompts: list[list[Run]] = field(default_factory=list)  # [repetition][prompt]
     loops: list[list[Run]] = field(default_factory=list)  # [repetition][round]
     proposed: int = 0
+    lookup: int = 0  # heads rows: prompt-lookup guesses where the text repeats
 
     @property
     def label(self) -> str:
@@ -149,7 +152,7 @@ class Row:
         if self.mode == "plain":
             res = greedy(self.target, prefix, max_new, stop_ids=stops)
         elif self.mode == "heads":
-            res = speculate_heads(self.target, prefix, max_new, stop_ids=stops)
+            res = speculate_heads(self.target, prefix, max_new, stop_ids=stops, lookup=self.lookup)
         else:
             res = speculate(self.draft, self.target, prefix, max_new, controller=self.controller, stop_ids=stops)
         wall_ms, cpu = (time.monotonic_ns() - t0) / 1e6, cpu_s() - c0
@@ -164,7 +167,7 @@ def make_rows(bundle: Bundle, threads: list[int]) -> tuple[list[Row], list[dict]
     spec_mode = "draft" if m.draft is not None else "heads" if m.target.draft_heads else None
     rows, skipped = [], []
     for t in threads:
-        for name, prec, speculative in ROWS:
+        for name, prec, speculative, lookup in ROWS:
             if prec not in m.target.precisions:
                 skipped.append({"name": name, "threads": t, "note": f"the bundle has no {prec} target"})
                 continue
@@ -172,8 +175,11 @@ def make_rows(bundle: Bundle, threads: list[int]) -> tuple[list[Row], list[dict]
                 skipped.append({"name": name, "threads": t,
                                 "note": "the bundle has neither a draft model nor draft heads"})
                 continue
+            if lookup and spec_mode != "heads":
+                skipped.append({"name": name, "threads": t, "note": "prompt lookup runs with draft heads only"})
+                continue
             row = Row(name, prec, spec_mode if speculative else "plain", t,
-                      open_decoder(bundle, "target", prec, t, name=f"{name} @{t}t"))
+                      open_decoder(bundle, "target", prec, t, name=f"{name} @{t}t"), lookup=lookup)
             if row.mode == "draft":
                 dprec = "int8" if "int8" in m.draft.precisions else m.draft.precisions[0]
                 row.draft = open_decoder(bundle, "draft", dprec, t, name=f"{row.label} draft")
