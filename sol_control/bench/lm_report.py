@@ -126,37 +126,84 @@ def _headline(by_threads: dict, threads: list[int]):
     return by_threads.get(str(t))
 
 
-def summarise(*, bundle, rows, skipped, verify, k, rss, peers, meter, workload, reps, threads, gguf, notes,
-              command, load_start, seconds) -> dict:
+def _head(*, bundle, skipped, verify, meter, workload, reps, threads, gguf, notes, command, load_start,
+          seconds) -> dict:
+    """What the run was: command, machine, bundle, workload, energy and RSS bases, verify costs."""
     from .report import machine
 
+    m = bundle.manifest
+    return {"command": command, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "machine": {**machine(), "load_average_start": list(load_start),
+                        "load_average_end": list(os.getloadavg())},
+            "seconds": seconds, "notes": list(notes),
+            "bundle": {"path": str(bundle.root), "name": m.name, "precisions": list(m.target.precisions),
+                       "draft": ("draft model" if m.draft is not None else
+                                 f"{m.target.draft_heads} draft heads" if m.target.draft_heads else None),
+                       "gguf": str(gguf) if gguf else None},
+            "workload": {"prompts": len(workload["prompts"]), "prompt_max_new_tokens": workload["max_new_tokens"],
+                         "loop_rounds": len(workload["agent_loop"]["tool_results"]),
+                         "loop_max_new_tokens": workload["agent_loop"]["max_new_tokens"], "repetitions": reps},
+            "threads": threads, "skipped_rows": skipped,
+            "energy": {"basis": meter.basis, "assumption": meter.assumption,
+                       "watts_per_busy_core": meter.watts_per_busy_core,
+                       "cpu_time": "process CPU time (all threads: getrusage user + system) around each answer"},
+            "rss_basis": "RSS of a fresh process after opening the row's sessions (1 thread) and answering the "
+                         "first prompt; rss_delta_mb: over the same process before opening them",
+            "verify_ms": {str(t): {p: {str(T): ms for T, ms in v.items()} for p, v in per.items()}
+                          for t, per in verify.items()}}
+
+
+def _ceiling(std: dict, by: dict, uf: dict, verify_t: dict, k: int, k_source: str) -> dict | None:
+    """What a perfect, free draft would give over standard at the ultrafast row's precision."""
+    prec = uf["precision"]
+    plain = by.get(f"{prec} plain")
+    if prec not in verify_t or plain is None:
+        return None
+    std_ms, plain_ms = 1e3 / std["decode_tokens_per_s"], 1e3 / plain["decode_tokens_per_s"]
+    ratio = verify_t[prec][k + 1] / verify_t[prec][1]  # a call with k + 1 tokens over one token
+    return {"precision": prec, "k": k, "k_source": k_source, "standard_ms_per_token": std_ms,
+            "plain_ms_per_token": plain_ms, "verify_ratio": ratio, "verify_ms": plain_ms * ratio,
+            "ceiling_tokens": ceiling(k, std_ms, plain_ms * ratio)}
+
+
+def _agreements(mine: list[dict], std: dict, base: dict | None, t: int, first_t: int,
+                peer_rows: list[dict]) -> dict:
+    """Each row's (and each peer row's, in place) agreement with standard at thread count t."""
+    parts = ("prompts", "loop")
+    agree = {f["name"]: {part: agreement(f["outputs"][part], std["outputs"][part]) for part in parts}
+             for f in mine}
+    if t != first_t and base is not None:
+        agree[f"standard vs standard @{first_t}t"] = {
+            part: agreement(std["outputs"][part], base["outputs"][part]) for part in parts}
+    for p in (p for p in peer_rows if p.get("threads") == t and p.get("outputs")):
+        p["agreement_vs_standard"] = {part: agreement(p["outputs"][part], std["outputs"][part])
+                                      for part in parts if part in p["outputs"]
+                                      and len(p["outputs"][part]) == len(std["outputs"][part])}
+    return agree
+
+
+def _best_peer(mine: list[dict], peer_rows: list[dict], t: int) -> tuple[float, dict] | None:
+    """(our best decode tokens/s over the best peer row's, both rows named) at thread count t."""
+    peers_t = [p for p in peer_rows if p.get("threads") == t and p.get("decode_tokens_per_s")]
+    if not peers_t:
+        return None
+    best = max(peers_t, key=lambda p: p["decode_tokens_per_s"])
+    ours = max((f for f in mine if f["decode_tokens_per_s"]), key=lambda f: f["decode_tokens_per_s"])
+    keys = ("engine", "mode", "precision", "decode_tokens_per_s")
+    return (ours["decode_tokens_per_s"] / best["decode_tokens_per_s"],
+            {"peer": {k2: best.get(k2) for k2 in keys}, "ours": {k2: ours[k2] for k2 in ("name", "decode_tokens_per_s")}})
+
+
+def summarise(*, bundle, rows, skipped, verify, k, rss, peers, meter, workload, reps, threads, gguf, notes,
+              command, load_start, seconds) -> dict:
     figs = [row_figures(r, meter, rss) for r in rows]
-    lossless, lossless_detail = lossless_check(rows)
+    s = _head(bundle=bundle, skipped=skipped, verify=verify, meter=meter, workload=workload, reps=reps,
+              threads=threads, gguf=gguf, notes=notes, command=command, load_start=load_start, seconds=seconds)
+    s["lossless"], s["lossless_detail"] = lossless_check(rows)
     k, k_source = k
-    s: dict = {"command": command, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-               "machine": {**machine(), "load_average_start": list(load_start),
-                           "load_average_end": list(os.getloadavg())},
-               "seconds": seconds, "notes": list(notes),
-               "bundle": {"path": str(bundle.root), "name": bundle.manifest.name,
-                          "precisions": list(bundle.manifest.target.precisions),
-                          "draft": ("draft model" if bundle.manifest.draft is not None else
-                                    f"{bundle.manifest.target.draft_heads} draft heads"
-                                    if bundle.manifest.target.draft_heads else None),
-                          "gguf": str(gguf) if gguf else None},
-               "workload": {"prompts": len(workload["prompts"]), "prompt_max_new_tokens": workload["max_new_tokens"],
-                            "loop_rounds": len(workload["agent_loop"]["tool_results"]),
-                            "loop_max_new_tokens": workload["agent_loop"]["max_new_tokens"], "repetitions": reps},
-               "threads": threads, "skipped_rows": skipped,
-               "lossless": lossless, "lossless_detail": lossless_detail,
-               "energy": {"basis": meter.basis, "assumption": meter.assumption,
-                          "watts_per_busy_core": meter.watts_per_busy_core,
-                          "cpu_time": "process CPU time (all threads: getrusage user + system) around each answer"},
-               "rss_basis": "RSS of a fresh process after opening the row's sessions (1 thread) and answering the "
-                            "first prompt; rss_delta_mb: over the same process before opening them",
-               "verify_ms": {str(t): {p: {str(T): ms for T, ms in v.items()} for p, v in per.items()}
-                             for t, per in verify.items()}}
     uf_rows, uf_tok, uf_loop, ceil, agree, vs_peer, best_peer = {}, {}, {}, {}, {}, {}, {}
     peer_rows = [dict(p) for p in peers.get("rows", [])]
+    base = next((f for f in figs if f["name"] == "standard" and f["threads"] == threads[0]), None)
     for t in threads:
         mine = [f for f in figs if f["threads"] == t]
         by = {f["name"]: f for f in mine}
@@ -167,32 +214,13 @@ def summarise(*, bundle, rows, skipped, verify, k, rss, peers, meter, workload, 
         uf_rows[str(t)] = uf["name"]
         uf_tok[str(t)] = uf["decode_tokens_per_s"] / std["decode_tokens_per_s"]
         uf_loop[str(t)] = std["loop_s"] / uf["loop_s"]
-        v, prec = verify.get(t, {}), uf["precision"]
-        plain = by.get(f"{prec} plain")
-        if prec in v and plain is not None:
-            std_ms, plain_ms = 1e3 / std["decode_tokens_per_s"], 1e3 / plain["decode_tokens_per_s"]
-            ratio = v[prec][k + 1] / v[prec][1]  # a call with k + 1 tokens over one token, same precision
-            ceil[str(t)] = {"precision": prec, "k": k, "k_source": k_source, "standard_ms_per_token": std_ms,
-                            "plain_ms_per_token": plain_ms, "verify_ratio": ratio, "verify_ms": plain_ms * ratio,
-                            "ceiling_tokens": ceiling(k, std_ms, plain_ms * ratio)}
-        agree[str(t)] = {f["name"]: {part: agreement(f["outputs"][part], std["outputs"][part])
-                                     for part in ("prompts", "loop")} for f in mine}
-        base = next((f for f in figs if f["name"] == "standard" and f["threads"] == threads[0]), None)
-        if t != threads[0] and base is not None:
-            agree[str(t)][f"standard vs standard @{threads[0]}t"] = {
-                part: agreement(std["outputs"][part], base["outputs"][part]) for part in ("prompts", "loop")}
-        for p in (p for p in peer_rows if p.get("threads") == t and p.get("outputs")):
-            p["agreement_vs_standard"] = {part: agreement(p["outputs"][part], std["outputs"][part])
-                                          for part in ("prompts", "loop") if part in p["outputs"]
-                                          and len(p["outputs"][part]) == len(std["outputs"][part])}
-        peers_t = [p for p in peer_rows if p.get("threads") == t and p.get("decode_tokens_per_s")]
-        if peers_t:
-            best = max(peers_t, key=lambda p: p["decode_tokens_per_s"])
-            ours = max((f for f in mine if f["decode_tokens_per_s"]), key=lambda f: f["decode_tokens_per_s"])
-            vs_peer[str(t)] = ours["decode_tokens_per_s"] / best["decode_tokens_per_s"]
-            keys = ("engine", "mode", "precision", "decode_tokens_per_s")
-            best_peer[str(t)] = {"peer": {k2: best.get(k2) for k2 in keys},
-                                 "ours": {k2: ours[k2] for k2 in ("name", "decode_tokens_per_s")}}
+        c = _ceiling(std, by, uf, verify.get(t, {}), k, k_source)
+        if c is not None:
+            ceil[str(t)] = c
+        agree[str(t)] = _agreements(mine, std, base, t, threads[0], peer_rows)
+        peer = _best_peer(mine, peer_rows, t)
+        if peer is not None:
+            vs_peer[str(t)], best_peer[str(t)] = peer
     s.update({
         "ultrafast_row": uf_rows,
         "ultrafast_vs_standard_tokens": _headline(uf_tok, threads), "ultrafast_vs_standard_tokens_by_threads": uf_tok,
