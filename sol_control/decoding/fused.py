@@ -16,9 +16,12 @@ T, at most `max_rows`); `prefill` reads one row, so the lm_head runs once per pr
 prefix token, in chunks of up to `max_step_tokens` (512) ids.
 
 With the query pad (the builder's default) a one-token pass gives bit for bit the logits the same
-token gets inside a multi-token verify pass, so speculative decoding equals plain greedy without
-exact mode; `min_step_tokens=2` (re-run the previous token with a lone new one) is still there for
-graphs built without it.
+token gets inside a multi-token verify pass wherever the linears' kernels treat rows alike: fp32 and
+the int8 integer GEMMs on every CPU, 4-bit MatMulNBits (int8 activations) on AVX-512 but not on
+AVX2, whose one-row kernel rounds differently. So a session probes its graph when it opens
+(`exact_rows()`, unless `min_step_tokens` is given) and falls back to exact mode,
+`min_step_tokens=2` (a lone new token is run with the previous one), where rows differ; then
+speculative decoding still equals plain greedy.
 
 Same public interface as `DecoderSession` (forward, prefill, rewind, reset, length, tokens, ...),
 so `greedy` and `speculate` run on either.
@@ -71,7 +74,7 @@ class FusedDecoderSession:
     """A causal decoder in the fused layout with a KV cache of `max_context` positions (batch 1)."""
 
     def __init__(self, path: str | Path, max_context: int | None = None, threads: int = 1, name: str = "",
-                 max_step_tokens: int = 512, min_step_tokens: int = 1, max_rows: int = 64,
+                 max_step_tokens: int = 512, min_step_tokens: int | None = None, max_rows: int = 64,
                  options: ort.SessionOptions | None = None):
         self.name = name or Path(path).stem
         self.path = Path(path)
@@ -92,9 +95,9 @@ class FusedDecoderSession:
         self.max_context = max_context or capacity
         self.max_step_tokens = min(max_step_tokens, self.max_context)  # ids per call (a prefill chunk)
         self.max_rows = min(max_rows, self.max_step_tokens)  # logits rows a call may return
-        if min_step_tokens not in (1, 2):
+        if min_step_tokens not in (None, 1, 2):
             raise ValueError(f"min_step_tokens must be 1 or 2, got {min_step_tokens}")
-        self.min_step_tokens = min_step_tokens  # 2: a lone new token is run with the previous one
+        self.min_step_tokens = min_step_tokens or 1  # 2: a lone new token is run with the previous one
         H, D, n_kv = self.n_heads, self.head_dim, 2 * self.n_layers
         self._kv = np.zeros((n_kv, H * (capacity + self._pad) * D), np.float32)  # [tensor, H*C*D], past = present
         self._logits = np.zeros(self.max_rows * self.vocab, np.float32)
@@ -114,6 +117,8 @@ class FusedDecoderSession:
         self._accepted = np.zeros(1, np.int64)
         self._bind_static(capacity + self._pad)
         self._bound = (0, 0)  # (T, rows) that input_ids / logits are bound for
+        if min_step_tokens is None:  # the exactness rule: probe this graph on this CPU
+            self.min_step_tokens = 1 if self.exact_rows() else 2
 
     def _bind_static(self, capacity: int) -> None:
         shape = (1, self.n_heads, capacity, self.head_dim)

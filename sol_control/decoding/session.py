@@ -266,9 +266,8 @@ def open_decoder(bundle, role: str, precision: str, threads: int = 1, name: str 
     name = name or f"{role}_{precision}"
     context = max_context or bundle.manifest.max_context
     if layout == "fused":
-        sess = FusedDecoderSession(path, context, threads=threads, name=name)
-        if role == "target" and not sess.exact_rows():  # the probe resets the cache
-            sess.min_step_tokens = 2
+        sess = FusedDecoderSession(path, context, threads=threads, name=name,
+                                   min_step_tokens=1 if role == "draft" else None)  # None: probe
     else:
         sess = DecoderSession(path, context, threads=threads, name=name,
                               min_step_tokens=1 if role == "draft" else None)
