@@ -61,8 +61,11 @@ Precisions ("fp32", "int4", "int8"): the quantized ones put every linear into `M
   blocksum(x) @ M.T, blocksum(x) [T, k/block] the sum of x over each block and M [n, k/block] the
   blocks' mins (M = -zero_point * scale) in fp32 (the same weights; ~1.25x a plain int4 call).
 - int8 (`int8_kernel`): "integer" (default) = weights int8 per output channel (symmetric), each
-  activation row quantized on its own scale (|row max| / 127, uint8 at zero point 128), one
-  `MatMulIntegerToFloat` (MLAS's u8s8 GEMM: AVX-512 VNNI / AMX) and the row scales. Its cost
+  activation row quantized on its own scale (|row max| / 64, uint8 in [0, 128] at zero point 64),
+  one `MatMulIntegerToFloat` (MLAS's u8s8 GEMM) and the row scales. Why 7-bit rows: without VNNI
+  (AVX2) MLAS multiplies u8 x s8 pairs with `vpmaddubsw`, which saturates a pair's sum at 32767;
+  with u8 <= 128 and |w| <= 127 a pair is at most 32512, so the GEMM is exact on every x86 CPU
+  (u8 up to 255 lost up to ~10 % of a sum there; s8 x s8 is exact but ~25x slower on AVX2). Its cost
   hardly grows with the rows of a call (a 9-row verify ~1.5x one row on [576 -> 1536], where
   MatMulNBits costs ~8x), and rows never depend on each other, so verify passes equal one-token
   passes bit for bit. "nbits" = MatMulNBits 8-bit symmetric blocks, as before, also taken when
@@ -86,6 +89,7 @@ from .weights import LlamaWeights
 LAYOUT = "sol_control.fused/2"
 PRECISIONS = ("fp32", "int4", "int8")
 INT8_KERNELS = ("integer", "nbits")
+ROW_LEVELS = 64  # int8 activation rows: round(64 x / |row max|) + 64, uint8 in [0, 128] (docstring)
 INPUT_IDS, SEQLENS_K, TOTAL_LEN, GUESSES, LOGITS, ARGMAX, HEAD_IDS, ACCEPTED = (
     "input_ids", "seqlens_k", "total_sequence_length", "guesses", "logits", "argmax", "head_ids", "accepted")
 OPSET, MS_DOMAIN, IR_VERSION = 21, "com.microsoft", 10
@@ -213,41 +217,42 @@ def _linear(g: _Writer, x: str, out: str, names: list[str], weights: LlamaWeight
 
 def _integer_linear(g: _Writer, x: str, out: str, key: str, w: np.ndarray, dual: bool) -> str:
     """y = x @ w.T in int8: w [n_out, k_in] per output channel (symmetric, scale = |max| / 127), x
-    per row (`_row_quant`); MatMulIntegerToFloat is MLAS's u8s8 GEMM (VNNI / AMX), then the rows'
-    |max| (their 1/127 is folded into the channel scales). `dual`: the rows and their residuals
-    in one GEMM of 2T rows, y = (y_rows + y_residuals / 254) * |max|."""
+    per row (`_row_quant`); MatMulIntegerToFloat is MLAS's u8s8 GEMM, then the rows' |max| (their
+    1 / ROW_LEVELS is folded into the channel scales). `dual`: the rows and their residuals in one
+    GEMM of 2T rows, y = (y_rows + y_residuals / (2 ROW_LEVELS)) * |max|."""
     q, scales = quant.per_channel_int8(w)
     xq, amax = _row_quant(g, x, dual)
     y = g.node("MatMulIntegerToFloat", [xq, g.const(f"{key}.s8.T", np.ascontiguousarray(q.T)), "rowq.one",
-                                         g.const(f"{key}.channel_scales", scales / np.float32(127)), "rowq.zero_point"],
+                                         g.const(f"{key}.channel_scales", scales / np.float32(ROW_LEVELS)), "rowq.zero_point"],
                [f"{out}.unscaled"], MS_DOMAIN)[0]
     if dual:
         hi, lo = g.node("Split", [y], [f"{out}.hi", f"{out}.lo"], axis=1, num_outputs=2)  # [1, T, n] each
-        g.const("rowq.residual_weight", np.array(1 / 254, np.float32))
+        g.const("rowq.residual_weight", np.array(1 / (2 * ROW_LEVELS), np.float32))
         y = g.node("Add", [hi, g.node("Mul", [lo, "rowq.residual_weight"], [f"{out}.lo_scaled"])[0]], [f"{out}.sum"])[0]
     return g.node("Mul", [y, amax], [out])[0]  # [1, T, n]
 
 
 def _row_quant(g: _Writer, x: str, dual: bool) -> tuple[str, str]:
     """x [1, T, k] -> (uint8 [1, T, k], |row max| [1, T, 1]): each row on its own symmetric scale
-    (round(127 x / |row max|) + 128), so a row's numbers never depend on the other rows of the
-    call: a one-token pass equals that token's row in a verify pass bit for bit. `dual`: uint8
-    [1, 2T, k], the rows, then what they left (x / |max| - the rows' values, in [-1/254, 1/254]) in
-    steps 254 times finer: ~15 bits per activation for a GEMM of twice the rows (a language model's
-    activations have too wide a range per row for 8 bits). Made once per input (q|k|v are one
-    packed linear; gate and up share theirs)."""
+    (round(64 x / |row max|) + 64, in [0, 128]: the module docstring says why 7 bits), so a row's
+    numbers never depend on the other rows of the call: a one-token pass equals that token's row
+    in a verify pass bit for bit. `dual`: uint8 [1, 2T, k], the rows, then what they left
+    (x / |max| - the rows' values, in [-1/128, 1/128]) in steps 128 times finer: ~14 bits per
+    activation for a GEMM of twice the rows (a language model's activations have too wide a range
+    per row for 7 bits). Made once per input (q|k|v are one packed linear; gate and up share
+    theirs)."""
     if (x, dual) not in g.row_quant:
         g.const("rowq.one", np.array(1.0, np.float32))
-        g.const("rowq.zero_point", np.array(128, np.uint8))
+        g.const("rowq.zero_point", np.array(ROW_LEVELS, np.uint8))
         g.const("rowq.tiny", np.array([1e-30], np.float32))
-        g.const("rowq.step", np.array(1 / 127, np.float32))
+        g.const("rowq.step", np.array(1 / ROW_LEVELS, np.float32))
         g.const("rowq.last_axis", np.array([-1], np.int64))
         amax = g.node("ReduceMax", [g.node("Abs", [x], [f"{x}.abs"])[0], "rowq.last_axis"], [f"{x}.amax"], keepdims=1)[0]
         amax = g.node("Max", [amax, "rowq.tiny"], [f"{x}.amax_pos"])[0]  # an all-zero row stays zero
         unit = g.node("Div", [x, amax], [f"{x}.unit"])[0]  # [-1, 1]
         xq = g.node("QuantizeLinear", [unit, "rowq.step", "rowq.zero_point"], [f"{x}.u8"])[0]
         if dual:
-            g.const("rowq.fine_step", np.array(1 / 127 / 254, np.float32))
+            g.const("rowq.fine_step", np.array(1 / ROW_LEVELS / (2 * ROW_LEVELS), np.float32))
             back = g.node("DequantizeLinear", [xq, "rowq.step", "rowq.zero_point"], [f"{x}.u8_value"])[0]
             left = g.node("Sub", [unit, back], [f"{x}.residual"])[0]
             fine = g.node("QuantizeLinear", [left, "rowq.fine_step", "rowq.zero_point"], [f"{x}.residual_u8"])[0]
@@ -267,10 +272,13 @@ def _block_sums(g: _Writer, x: str, k_blocks: int, block: int) -> str:
 
 
 def rotary_tables(head_dim: int, theta: float, positions: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos, sin [positions, head_dim / 2] float32, computed as transformers' Llama does (float32)."""
+    """cos, sin [positions, head_dim / 2] float32 of the angles transformers' Llama computes (float32).
+    The cos and sin themselves are taken in float64 and rounded once: numpy's float32 cos/sin
+    differ in the last bit between SIMD paths (AVX2 vs AVX-512), which made the graph's bytes
+    depend on the CPU that built it."""
     inv_freq = (1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / head_dim))
                 ).astype(np.float32)
-    freqs = np.arange(positions, dtype=np.float32)[:, None] * inv_freq[None, :]  # [C, D/2]
+    freqs = (np.arange(positions, dtype=np.float32)[:, None] * inv_freq[None, :]).astype(np.float64)  # [C, D/2]
     return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
 
 
