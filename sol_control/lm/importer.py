@@ -19,12 +19,17 @@ Every way the bundle gets `tokenizer.json`, `chat_template.jinja` (when there is
 manifest with task "lm" (fields: docs/BUNDLES.md); every file is listed with its sha256, then the
 bundle is loaded back (sha256 checked) and each decoder runs one token in ONNX Runtime.
 `--draft D` imports a second source the same way as the bundle's draft (same vocabulary).
+`--heads H.npz` (GGUF and Hugging Face sources) writes K draft heads into every fused target graph
+(`sol_control.graph.weights.DraftHeads`, e.g. models/lm/smollm2_heads_k4.npz from
+tools/train_lm_heads.py), so `sol-control generate` self-speculates; manifest `target.draft_heads` = K.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import time
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,9 +96,61 @@ INT4_MODES = {  # graph builder options of an int4 graph (docs/LM.md, "int4 mode
 }
 
 
+MAX_HEADS = 16  # manifest target.draft_heads
+
+
+def read_heads(path: Path):
+    """The DraftHeads of an .npz (w1 [K, hidden, hidden], optional w2, token_offset; no pickles);
+    ValueError naming the file when it is missing, not an npz, pickled or incomplete."""
+    from sol_control.graph.weights import DraftHeads
+
+    if not path.is_file():
+        raise ValueError(f"--heads {str(path)!r} does not exist")
+    if not zipfile.is_zipfile(path):
+        raise ValueError(f"--heads {str(path)!r} is not an .npz file")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            missing = sorted({"w1", "token_offset"} - set(z.files))
+        heads = None if missing else DraftHeads.load(path)
+    except (OSError, EOFError, zipfile.BadZipFile) as err:
+        raise ValueError(f"--heads {str(path)!r} is not a readable .npz: {err}") from None
+    except ValueError as err:  # object arrays: np.load does not unpickle them
+        raise ValueError(f"--heads {str(path)!r} is not a plain .npz of draft heads: {err}") from None
+    if heads is None:
+        raise ValueError(f"--heads {str(path)!r} has no {', '.join(missing)} array (a DraftHeads .npz holds "
+                         f"w1, token_offset and optionally w2)")
+    if heads.w1.ndim != 3 or not 1 <= heads.k <= MAX_HEADS:
+        raise ValueError(f"--heads {str(path)!r}: w1 must be [K, hidden, hidden] with K in 1..{MAX_HEADS}, "
+                         f"got shape {heads.w1.shape}")
+    if not np.isfinite(heads.w1).all() or (heads.w2 is not None and not np.isfinite(heads.w2).all()):
+        raise ValueError(f"--heads {str(path)!r} holds non-finite weights")
+    return heads
+
+
+def _attach_heads(weights, heads, path: Path) -> None:
+    """weights.heads = heads, when their shapes fit the model (ValueError naming the file otherwise)."""
+    c = weights.config
+    if heads.w1.shape[1:] != (c.hidden_size, c.hidden_size):
+        raise ValueError(f"--heads {str(path)!r}: w1 has shape {heads.w1.shape}, expected "
+                         f"[K, {c.hidden_size}, {c.hidden_size}] for this model (hidden size {c.hidden_size})")
+    try:
+        heads.validate(c.hidden_size, c.vocab_size)
+    except ValueError as err:
+        raise ValueError(f"--heads {str(path)!r}: {err}") from None
+    weights.heads = heads
+
+
+def _heads_record(heads, path: Path | None) -> dict[str, Any]:
+    if heads is None:
+        return {}
+    return {"heads": {"file": path.name, "k": heads.k, "shared_lm_head": heads.shared_head,
+                      "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}}
+
+
 def write_graphs(weights, out: Path, role: str, quantize: tuple[str, ...], context: int,
                  int4_mode: str) -> tuple[dict[str, Any], list[str], dict[str, float]]:
-    """The fused graphs of `weights`: (DecoderSpec dict, files written, seconds per graph)."""
+    """The fused graphs of `weights` (with its draft heads, if any): (DecoderSpec dict, files written,
+    seconds per graph)."""
     from sol_control.graph.llama import build_decoder
 
     if int4_mode not in INT4_MODES:
@@ -111,7 +168,8 @@ def write_graphs(weights, out: Path, role: str, quantize: tuple[str, ...], conte
     c = weights.config
     params = sum(int(np.prod(s)) for s in weights.expected_shapes().values())
     spec = {"n_layers": c.n_layers, "n_kv_heads": c.n_kv_heads, "head_dim": c.head_dim,
-            "hidden_size": c.hidden_size, "params": params, "fused": fused}
+            "hidden_size": c.hidden_size, "params": params, "fused": fused,
+            "draft_heads": weights.heads.k if weights.heads is not None else 0}
     return spec, written, build_s
 
 
@@ -122,14 +180,17 @@ def _int4_record(quantize: tuple[str, ...], int4_mode: str) -> dict[str, Any]:
 
 
 def import_gguf(src: Path, out: Path, role: str, quantize: tuple[str, ...], max_context: int | None,
-                int4_mode: str = "fast") -> Imported:
-    """Write the fused decoder graphs of a GGUF file into `out` as `{role}_{precision}.onnx`."""
+                int4_mode: str = "fast", heads=None, heads_path: Path | None = None) -> Imported:
+    """Write the fused decoder graphs of a GGUF file into `out` as `{role}_{precision}.onnx`
+    (with `heads`, DraftHeads read from `heads_path`, inside each)."""
     from sol_control.lm.gguf_reader import gguf_field, open_gguf, read_gguf_weights
     from sol_control.lm.tokenizer import read_gguf_tokenizer
 
     t0 = time.monotonic_ns()
     reader = open_gguf(src)
     weights = read_gguf_weights(reader)
+    if heads is not None:
+        _attach_heads(weights, heads, heads_path)
     tok = read_gguf_tokenizer(reader)
     c = weights.config
     context = min(max_context or c.max_context, c.max_context)
@@ -141,7 +202,8 @@ def import_gguf(src: Path, out: Path, role: str, quantize: tuple[str, ...], max_
         eos_id=gguf_field(reader, "tokenizer.ggml.eos_token_id", None),
         bos_token=tok.bos_token, eos_token=tok.eos_token,
         source={"kind": "gguf", "file": src.name, "int4_linears_exact": len(weights.int4),
-                **_int4_record(quantize, int4_mode), "model_max_context": c.max_context, "build_s": build_s,
+                **_int4_record(quantize, int4_mode), **_heads_record(heads, heads_path),
+                "model_max_context": c.max_context, "build_s": build_s,
                 "import_s": round((time.monotonic_ns() - t0) / 1e9, 2)})
 
 
@@ -221,30 +283,36 @@ def import_optimum(src: Path, out: Path, role: str, max_context: int | None) -> 
 
 
 def import_hf(src: Path, out: Path, role: str, quantize: tuple[str, ...], max_context: int | None,
-              int4_mode: str = "fast") -> Imported:
+              int4_mode: str = "fast", heads=None, heads_path: Path | None = None) -> Imported:
     """A Hugging Face Llama folder (safetensors, no torch): the fused graphs, like a GGUF's."""
     from sol_control.lm.hf_reader import read_hf_weights
 
     t0 = time.monotonic_ns()
     weights = read_hf_weights(src)
+    if heads is not None:
+        _attach_heads(weights, heads, heads_path)
     c = weights.config
     context = min(max_context or c.max_context, c.max_context)
     spec, written, build_s = write_graphs(weights, out, role, quantize, context, int4_mode)
     return Imported(spec=spec, files=written, vocab_size=c.vocab_size, max_context=context,
                     **_folder_text(src, _read_json(src / "config.json")),
                     source={"kind": "hf", "folder": src.name, **_int4_record(quantize, int4_mode),
+                            **_heads_record(heads, heads_path),
                             "model_max_context": c.max_context, "build_s": build_s,
                             "import_s": round((time.monotonic_ns() - t0) / 1e9, 2)})
 
 
 # -- the bundle --------------------------------------------------------------------------------
 def _import(src: Path, out: Path, role: str, quantize: tuple[str, ...], max_context: int | None,
-            int4_mode: str = "fast") -> Imported:
+            int4_mode: str = "fast", heads=None, heads_path: Path | None = None) -> Imported:
     kind = source_kind(src)
     if kind == "gguf":
-        return import_gguf(src, out, role, quantize, max_context, int4_mode)
+        return import_gguf(src, out, role, quantize, max_context, int4_mode, heads, heads_path)
     if kind == "hf":
-        return import_hf(src, out, role, quantize, max_context, int4_mode)
+        return import_hf(src, out, role, quantize, max_context, int4_mode, heads, heads_path)
+    if heads is not None:
+        raise ValueError(f"--heads applies to GGUF and Hugging Face sources; {str(src)!r} is an ONNX export, "
+                         f"copied as it is")
     if quantize:
         raise ValueError(f"--quantize applies to GGUF and Hugging Face sources; {str(src)!r} is an ONNX "
                          f"export, copied as fp32")
@@ -297,12 +365,17 @@ def smoke_check(bundle: Bundle, threads: int = 1) -> dict[str, bool]:
 
 def import_model(src: str | Path, out: str | Path, quantize: tuple[str, ...] = (), draft: str | Path | None = None,
                  name: str | None = None, max_context: int | None = None, check: bool = True,
-                 int4_mode: str = "fast") -> Manifest:
-    """Import `src` (and `draft`) into the new bundle folder `out`; return its manifest."""
+                 int4_mode: str = "fast", heads: str | Path | None = None) -> Manifest:
+    """Import `src` (and `draft`, or the draft heads `heads`) into the new bundle folder `out`;
+    return its manifest."""
     src, out = Path(src), Path(out)
     source_kind(src)
     if draft is not None:
         source_kind(Path(draft))
+    heads_path = Path(heads) if heads is not None else None
+    if heads_path is not None and draft is not None:
+        raise ValueError("--heads and --draft are two ways to speculate (generate would use the draft); give one")
+    draft_heads = read_heads(heads_path) if heads_path is not None else None
     if max_context is not None and max_context <= 0:
         raise ValueError(f"max_context must be positive, got {max_context}")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -311,7 +384,7 @@ def import_model(src: str | Path, out: str | Path, quantize: tuple[str, ...] = (
         raise ValueError(f"--int4-mode must be one of {sorted(INT4_MODES)}, got {int4_mode!r}")
     out.mkdir(parents=True, exist_ok=True)
     try:
-        target = _import(src, out, "target", quantize, max_context, int4_mode)
+        target = _import(src, out, "target", quantize, max_context, int4_mode, draft_heads, heads_path)
         drafted = _import(Path(draft), out, "draft", quantize, max_context, int4_mode) if draft is not None else None
         if drafted is not None and drafted.vocab_size != target.vocab_size:
             raise ValueError(f"draft vocabulary {drafted.vocab_size} differs from the target's {target.vocab_size}")
@@ -336,6 +409,9 @@ def add_arguments(p) -> None:
     p.add_argument("--quantize", default="",
                    help="extra precisions for a GGUF or HF source: int8,int4 (an Optimum folder is copied)")
     p.add_argument("--draft", default=None, help="a second source imported as the bundle's draft")
+    p.add_argument("--heads", default=None,
+                   help="draft heads (.npz: w1 [K, hidden, hidden], tools/train_lm_heads.py) written into every "
+                        "fused target graph (GGUF / HF sources)")
     p.add_argument("--name", default=None, help="bundle name (default: the source's file name)")
     p.add_argument("--max-context", type=int, default=None,
                    help="KV cache length (default and upper bound: the model's own context)")
@@ -347,10 +423,11 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     t0 = time.monotonic_ns()
     m = import_model(args.src, args.out, _parse_quantize(args.quantize), args.draft, args.name,
-                     args.max_context, check=not args.no_check, int4_mode=args.int4_mode)
+                     args.max_context, check=not args.no_check, int4_mode=args.int4_mode, heads=args.heads)
     size_mb = sum(e.size_bytes for e in m.files.values()) / 1e6
     print(f"bundle {args.out}: {m.name}, target {list(m.target.precisions)}"
-          f"{', draft ' + str(list(m.draft.precisions)) if m.draft else ''}, vocab {m.vocab.size}, "
+          f"{', draft ' + str(list(m.draft.precisions)) if m.draft else ''}"
+          f"{f', {m.target.draft_heads} draft heads' if m.target.draft_heads else ''}, vocab {m.vocab.size}, "
           f"stop ids {list(m.vocab.stop_ids)}, max_context {m.max_context}, {len(m.files)} files, "
           f"{size_mb:.1f} MB, {(time.monotonic_ns() - t0) / 1e9:.1f} s")
     return 0
