@@ -71,14 +71,6 @@ def find_heads(explicit: Path | None) -> Path | None:
     return found[-1] if found else None
 
 
-def _importer_takes_heads() -> bool:
-    from ..lm import importer
-
-    p = argparse.ArgumentParser()
-    importer.add_arguments(p)
-    return "--heads" in p._option_string_actions
-
-
 def builder_digest() -> str:
     """sha256 over the source of what writes the graphs (graph builder, GGUF reader, importer): a
     bundle imported by other code is imported again."""
@@ -96,9 +88,6 @@ def ensure_bundle(gguf: Path, out: Path, heads: Path | None = None,
     from ..cli import main
 
     notes = []
-    if heads is not None and not _importer_takes_heads():
-        notes.append(f"draft heads {heads} not attached: `sol-control import` has no --heads yet")
-        heads = None
     key = {"gguf_sha256": sha256_of(gguf), "heads_sha256": heads and sha256_of(heads),
            "draft_sha256": draft and sha256_of(draft), "quantize": "int8,int4", "builder_sha256": builder_digest()}
     key_file = out.with_name(out.name + ".key.json")
