@@ -85,7 +85,7 @@ def int8_lm_head(embed: np.ndarray) -> np.ndarray:
 
 
 def _vocab_ce():
-    """An autograd Function: weighted cross-entropy of rows x [M, H] through a head E [V, H] (bf16),
+    """An autograd Function: weighted cross-entropy of rows x [M, H] through a head E [V, H] (`head_dtype`),
     chunked so the [rows, V] logits never exist at once; the gradient is made in the forward pass
     ((softmax - onehot) @ E), which is 2-3x faster on CPU than autograd through a [M, V] product."""
     import torch
@@ -95,13 +95,13 @@ def _vocab_ce():
         def forward(ctx, x, head, labels, row_w, chunk=512):
             loss, grad = x.new_zeros(()), torch.empty_like(x)
             for i in range(0, len(x), chunk):
-                y = (x[i:i + chunk].to(torch.bfloat16) @ head.T).float()  # [c, V]
+                y = (x[i:i + chunk].to(head.dtype) @ head.T).float()  # [c, V]
                 lse = torch.logsumexp(y, -1, keepdim=True)
                 lab, w = labels[i:i + chunk, None], row_w[i:i + chunk, None]
                 loss += ((lse - y.gather(1, lab)) * w).sum()
                 p = (y - lse).exp_()
                 p.scatter_add_(1, lab, -torch.ones_like(w))
-                grad[i:i + chunk] = ((p * w).to(torch.bfloat16) @ head).float()
+                grad[i:i + chunk] = ((p * w).to(head.dtype) @ head).float()
             ctx.save_for_backward(grad)
             return loss
 
@@ -111,6 +111,16 @@ def _vocab_ce():
             return g * grad, None, None, None, None
 
     return VocabCE
+
+
+def head_dtype():
+    """bfloat16 for the [rows, vocab] products where the CPU has bf16 instructions (avx512_bf16,
+    amx_bf16), else float32: on an AVX2 host torch emulates bf16, 6x slower than fp32 ([512, 576] x
+    [576, 8000])."""
+    import torch
+
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    return torch.bfloat16 if ("avx512_bf16" in flags or "amx_bf16" in flags) else torch.float32
 
 
 def _fake_int8(x, levels: int = 127):
@@ -145,14 +155,14 @@ class LMHeads:
         hj = h[:, None, :] + torch.nn.functional.silu(torch.einsum("koi,bi->bko", w1, h_in))
         return _fake_int8(hj, ROW_LEVELS) if self.int8 else hj
 
-    def loss(self, h, labels, head_bf16):
-        """The mean over heads of each head's mean cross-entropy (labels [B, K] index head_bf16's
+    def loss(self, h, labels, head_e):
+        """The mean over heads of each head's mean cross-entropy (labels [B, K] index head_e's
         rows, IGNORE = none)."""
         b, k = labels.shape
         ok = labels != IGNORE
         row_w = (ok.float() / ok.sum(0).clamp_min(1).float()[None, :] / k).reshape(-1)  # [B*K]
         x = self.hidden(h).reshape(b * k, -1)
-        loss = self.ce.apply(x, head_bf16, labels.clamp_min(0).reshape(-1), row_w)
+        loss = self.ce.apply(x, head_e, labels.clamp_min(0).reshape(-1), row_w)
         return loss
 
     def predict(self, h, batch: int = 1024) -> np.ndarray:
@@ -193,7 +203,7 @@ def train(heads: LMHeads, h: np.ndarray, labels: np.ndarray, steps: int, lr: flo
     remap = np.full(heads.lm_head.shape[0], IGNORE, np.int64)
     remap[vocab] = np.arange(len(vocab))
     local = np.where(labels == IGNORE, IGNORE, remap[np.maximum(labels, 0)])  # labels in vocab's order
-    head_bf16 = heads.lm_head[torch.from_numpy(vocab)].to(torch.bfloat16).contiguous()  # [V', H]
+    head_e = heads.lm_head[torch.from_numpy(vocab)].to(head_dtype()).contiguous()  # [V', H]
     opt = torch.optim.AdamW([heads.w1], lr=lr, weight_decay=0.0)
     warm = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -202,7 +212,7 @@ def train(heads: LMHeads, h: np.ndarray, labels: np.ndarray, steps: int, lr: flo
     t0, smooth = time.monotonic(), None
     for step in range(steps):
         idx = np.sort(rng.integers(0, len(h), batch))
-        loss = heads.loss(torch.from_numpy(h[idx].astype(np.float32)), torch.from_numpy(local[idx]), head_bf16)
+        loss = heads.loss(torch.from_numpy(h[idx].astype(np.float32)), torch.from_numpy(local[idx]), head_e)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
