@@ -183,3 +183,16 @@ def test_heads_row_stops_where_plain_greedy_stops():
     i = next(i for i in range(2, len(free)) if free[i] not in free[:i])
     got = heads.generate(prefix, n, (free[i],), fresh=True)
     assert got.tokens == free[:i + 1] and got.target_calls <= i
+
+
+def test_peer_precisions_filter_the_peer_rows():
+    from sol_control.bench.lm_bench import _peer_modes
+    from sol_control.bench.peers.lm import LM_MODES
+
+    quantized = _peer_modes("int8, int4")
+    assert set(quantized) == set(LM_MODES) and quantized["transformers"] == []
+    assert all(p in ("int8", "int4") for modes in quantized.values() for p, _ in modes)
+    assert ("int4", "ngram") in quantized["ort-genai"] and _peer_modes("fp32,int8,int4") == LM_MODES
+    for bad in ("int3", "", "fp32,bf16"):
+        with pytest.raises(ValueError, match="--peer-precisions"):
+            _peer_modes(bad)

@@ -55,6 +55,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--loop-rounds", type=int, default=None, help="only the first N agent-loop rounds")
     p.add_argument("--out", type=Path, default=Path("bench_report/lm"), help="output folder")
     p.add_argument("--no-peers", action="store_true", help="leave out the peer engines")
+    p.add_argument("--peer-precisions", default="fp32,int8,int4",
+                   help="the peers' rows at these precisions only (e.g. int8,int4: their fp32 rows take longest)")
     p.add_argument("--note", action="append", default=[], help="a note for the report (repeatable)")
 
 
@@ -196,7 +198,17 @@ def _threads(text: str) -> list[int]:
     return threads
 
 
-def _peers(gguf: Path | None, workload: dict, threads: list[int], quick: bool) -> dict:
+def _peer_modes(precisions: str) -> dict:
+    """LM_MODES with only the given precisions (ValueError naming an unknown one)."""
+    from .peers.lm import LM_MODES
+
+    wanted = {p.strip() for p in precisions.split(",") if p.strip()}
+    if not wanted or wanted - {"fp32", "int8", "int4"}:
+        raise ValueError(f"--peer-precisions takes fp32, int8 and int4, comma separated, got {precisions!r}")
+    return {engine: [(p, m) for p, m in modes if p in wanted] for engine, modes in LM_MODES.items()}
+
+
+def _peers(gguf: Path | None, workload: dict, threads: list[int], quick: bool, precisions: str) -> dict:
     if gguf is None:
         return {"rows": [], "note": "no GGUF for the peers (a --bundle without --gguf, and no `make lm-model` file)"}
     try:
@@ -206,7 +218,7 @@ def _peers(gguf: Path | None, workload: dict, threads: list[int], quick: bool) -
     rows = []
     for t in threads:
         say(f"peers at {t} thread(s)")
-        rows += run_lm_peers(gguf, workload, t, engines=None, quick=quick)
+        rows += run_lm_peers(gguf, workload, t, engines=None, quick=quick, modes=_peer_modes(precisions))
     return {"rows": rows, "note": "" if rows else "no peer engine ran (see tools/setup_peers.sh)"}
 
 
@@ -254,7 +266,7 @@ def run(args: argparse.Namespace) -> int:
         say(f"verify costs {prec} @{t}t: " + ", ".join(f"T={T} {v:.1f} ms" for T, v in ms.items()))
     say("resident memory (a fresh process per precision)")
     rss = measure_rss(bundle, rows, first_prompt)
-    peers = {"rows": [], "note": "--no-peers"} if args.no_peers else _peers(gguf, workload, threads, args.quick)
+    peers = {"rows": [], "note": "--no-peers"} if args.no_peers else _peers(gguf, workload, threads, args.quick, args.peer_precisions)
     command = "sol-control bench lm " + " ".join(sys.argv[3:] if sys.argv[1:3] == ["bench", "lm"] else [])
     summary = lm_report.summarise(
         bundle=bundle, rows=rows, skipped=skipped, verify=verify, k=(k, k_source), rss=rss, peers=peers, meter=meter,
