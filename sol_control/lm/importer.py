@@ -90,6 +90,9 @@ def _parse_quantize(text: str) -> tuple[str, ...]:
 
 
 # -- GGUF --------------------------------------------------------------------------------------
+# A language model's activation rows have too wide a range for 7 bits: rows + residuals (~14 bits, one integer GEMM
+# of 2T rows) in every int8 linear, int4 graphs' 8-bit head included (docs/LM.md, "int8 activations").
+LM_INT8_ACTIVATIONS = "dual"
 INT4_MODES = {  # graph builder options of an int4 graph (docs/LM.md, "int4 modes")
     "fast": {"accuracy_level": 4, "head_bits": 8},  # int8 activations, 8-bit head
     "exact": {"accuracy_level": 0, "head_bits": None},  # fp32 activations, fp32 head: the GGUF's own numbers
@@ -159,7 +162,7 @@ def write_graphs(weights, out: Path, role: str, quantize: tuple[str, ...], conte
     for precision in ("fp32", *quantize):
         t1 = time.monotonic_ns()
         name = f"{role}_{precision}.onnx"
-        options = {"max_context": context}
+        options = {"max_context": context, "int8_activations": LM_INT8_ACTIVATIONS}
         if precision == "int4":
             options.update(int4_zero_points="mins", **INT4_MODES[int4_mode])
         build_decoder(weights, out / name, precision, **options)
@@ -174,9 +177,11 @@ def write_graphs(weights, out: Path, role: str, quantize: tuple[str, ...], conte
 
 
 def _int4_record(quantize: tuple[str, ...], int4_mode: str) -> dict[str, Any]:
-    if "int4" not in quantize:
-        return {}
-    return {"int4_mode": int4_mode, "int4_options": {"int4_zero_points": "mins", **INT4_MODES[int4_mode]}}
+    """The quantized graphs' builder options for the manifest (none without --quantize)."""
+    record = {"int8_activations": LM_INT8_ACTIVATIONS} if quantize else {}
+    if "int4" in quantize:
+        record.update(int4_mode=int4_mode, int4_options={"int4_zero_points": "mins", **INT4_MODES[int4_mode]})
+    return record
 
 
 def import_gguf(src: Path, out: Path, role: str, quantize: tuple[str, ...], max_context: int | None,
