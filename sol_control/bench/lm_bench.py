@@ -44,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--bundle", type=Path, default=None, help="an LM bundle (default: import --gguf)")
     src.add_argument("--gguf", type=Path, default=None, help="GGUF to import (default: the `make lm-model` SmolLM2)")
-    p.add_argument("--heads", type=Path, default=None, help=f"draft heads to attach (default: models/lm/{HEADS_GLOB})")
+    p.add_argument("--heads", type=Path, default=None, help=f"draft heads to attach (default with the SmolLM2 GGUF and no --draft: models/lm/{HEADS_GLOB})")
     p.add_argument("--draft", type=Path, default=None, help="a draft model (GGUF) imported with the target")
     p.add_argument("--import-dir", type=Path, default=DEFAULT_IMPORT_DIR, help="where the imported bundle is kept")
     p.add_argument("--threads", default="1,2", help="ONNX Runtime intra-op threads, comma separated")
@@ -64,12 +64,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 # ---- the bundle: imported once, again when the GGUF, heads or draft change ----------------------
 
-def find_heads(explicit: Path | None) -> Path | None:
+def find_heads(explicit: Path | None, smollm2: bool) -> Path | None:
+    """--heads, else the newest shipped SmolLM2 heads when the GGUF is `make lm-model`'s SmolLM2 (they
+    fit no other model)."""
     if explicit is not None:
         if not explicit.is_file():
             raise ValueError(f"--heads {explicit}: no such file")
         return explicit
-    found = sorted((REPO / "models" / "lm").glob(HEADS_GLOB))
+    found = sorted((REPO / "models" / "lm").glob(HEADS_GLOB)) if smollm2 else []
     return found[-1] if found else None
 
 
@@ -232,11 +234,12 @@ def run(args: argparse.Namespace) -> int:
         notes.append(f"the machine was busy: load average {load_start[0]:.1f} on {os.cpu_count()} cores at the start; "
                      "absolute figures are noisy, ratios compare rows interleaved in this run")
     if args.bundle is None:
+        smollm2 = gguf is None and args.draft is None  # the default model, which the shipped heads are for
         if gguf is None:
             from ..lm.cache import smollm2_gguf
 
             gguf = smollm2_gguf()
-        root, import_notes = ensure_bundle(gguf, args.import_dir, find_heads(args.heads), args.draft)
+        root, import_notes = ensure_bundle(gguf, args.import_dir, find_heads(args.heads, smollm2), args.draft)
         notes += import_notes
     else:
         root = args.bundle
