@@ -65,9 +65,10 @@ Precisions ("fp32", "int4", "int8"): the quantized ones put every linear into `M
   one `MatMulIntegerToFloat` (MLAS's u8s8 GEMM) and the row scales. Why 7-bit rows: without VNNI
   (AVX2) MLAS multiplies u8 x s8 pairs with `vpmaddubsw`, which saturates a pair's sum at 32767;
   with u8 <= 128 and |w| <= 127 a pair is at most 32512, so the GEMM is exact on every x86 CPU
-  (u8 up to 255 lost up to ~10 % of a sum there; s8 x s8 is exact but ~25x slower on AVX2). Its cost
-  hardly grows with the rows of a call (a 9-row verify ~1.5x one row on [576 -> 1536], where
-  MatMulNBits costs ~8x), and rows never depend on each other, so verify passes equal one-token
+  (u8 up to 255 lost up to ~10 % of a sum there; s8 x s8 is exact but ~25x slower on AVX2). With
+  VNNI its cost hardly grows with the rows of a call (a 9-row verify ~1.5x one row on [576 -> 1536],
+  where MatMulNBits costs ~8x; on AVX2 a 9-row SmolLM2 verify is ~2.3x), and rows never depend on
+  each other, so verify passes equal one-token
   passes bit for bit. "nbits" = MatMulNBits 8-bit symmetric blocks, as before, also taken when
   `accuracy_level` < 4 asks for fp32 activations. An 8-bit lm_head follows the same rule (int4
   graphs too).
