@@ -95,7 +95,7 @@ def test_per_source_means_and_the_benchmark_row(tmp_path):
 
 
 def test_diagnostics_carry_cpu_joules_policy_and_the_line(tmp_path):
-    pytest.importorskip("rclpy")
+    import rclpy  # noqa: F401  (a runtime pin: missing is a failure, not a skip)
     from rclpy.time import Time
 
     from sol_control.actions import QCVerdict, safe_default

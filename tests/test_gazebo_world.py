@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import yaml
 
-mujoco = pytest.importorskip("mujoco")
+import mujoco  # a runtime pin: missing is a failure, not a skip
 
 from sol_control.sim import scene, sdf  # noqa: E402
 from sol_control.sim.config import ConveyorConfig  # noqa: E402

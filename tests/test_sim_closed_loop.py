@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-pytest.importorskip("mujoco")
-pytest.importorskip("rclpy")
+import mujoco  # noqa: F401  (a runtime pin: missing is a failure, not a skip)
+import rclpy  # noqa: F401  (a runtime pin: missing is a failure, not a skip)
 
 from tests.ros_helpers import REPO, bundle_params, set_ros_env  # noqa: E402
 
