@@ -9,7 +9,6 @@ import hashlib
 import math
 
 import numpy as np
-import pytest
 
 import mujoco  # noqa: F401  (a runtime pin: missing is a failure, not a skip)
 
