@@ -176,7 +176,7 @@ def write_graphs(weights, out: Path, role: str, quantize: tuple[str, ...], conte
     return spec, written, build_s
 
 
-def _int4_record(quantize: tuple[str, ...], int4_mode: str) -> dict[str, Any]:
+def _quant_record(quantize: tuple[str, ...], int4_mode: str) -> dict[str, Any]:
     """The quantized graphs' builder options for the manifest (none without --quantize)."""
     record = {"int8_activations": LM_INT8_ACTIVATIONS} if quantize else {}
     if "int4" in quantize:
@@ -207,7 +207,7 @@ def import_gguf(src: Path, out: Path, role: str, quantize: tuple[str, ...], max_
         eos_id=gguf_field(reader, "tokenizer.ggml.eos_token_id", None),
         bos_token=tok.bos_token, eos_token=tok.eos_token,
         source={"kind": "gguf", "file": src.name, "int4_linears_exact": len(weights.int4),
-                **_int4_record(quantize, int4_mode), **_heads_record(heads, heads_path),
+                **_quant_record(quantize, int4_mode), **_heads_record(heads, heads_path),
                 "model_max_context": c.max_context, "build_s": build_s,
                 "import_s": round((time.monotonic_ns() - t0) / 1e9, 2)})
 
@@ -301,7 +301,7 @@ def import_hf(src: Path, out: Path, role: str, quantize: tuple[str, ...], max_co
     spec, written, build_s = write_graphs(weights, out, role, quantize, context, int4_mode)
     return Imported(spec=spec, files=written, vocab_size=c.vocab_size, max_context=context,
                     **_folder_text(src, _read_json(src / "config.json")),
-                    source={"kind": "hf", "folder": src.name, **_int4_record(quantize, int4_mode),
+                    source={"kind": "hf", "folder": src.name, **_quant_record(quantize, int4_mode),
                             **_heads_record(heads, heads_path),
                             "model_max_context": c.max_context, "build_s": build_s,
                             "import_s": round((time.monotonic_ns() - t0) / 1e9, 2)})
