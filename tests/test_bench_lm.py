@@ -62,7 +62,7 @@ def test_summary_has_every_key_and_row(bench):
         assert len(r["outputs"]["prompts"]) == 3 and len(r["outputs"]["loop"]) == 3
     # the tiny bundle speculates with a draft model: only the prompt-lookup row (draft heads only) is skipped
     assert s["workload"]["prompt_max_new_tokens"] == 6
-    assert [r["name"] for r in s["skipped_rows"]] == ["int8 + draft + lookup"] * 2
+    assert [r["name"] for r in s["skipped_rows"]] == ["int8 + draft + lookup", "int4 + draft + lookup"] * 2
     assert set(s["ultrafast_row"]) == {"1", "2"} and s["ultrafast_row"]["1"] in ("int8 + draft", "int4 + draft")
     assert s["ultrafast_vs_standard_tokens"] == s["ultrafast_vs_standard_tokens_by_threads"]["1"]
     assert s["vs_best_peer"] is None and s["vs_best_peer_note"] == "--no-peers"

@@ -11,7 +11,7 @@ from scipy import stats as sps
 
 from sol_control.budget import Budget, ManualClock
 from sol_control.bundle import Bundle
-from sol_control.decoding import AdaptiveK, DecoderSession, greedy, open_decoder, sample, speculate
+from sol_control.decoding import AdaptiveK, DecoderSession, GuessLength, greedy, open_decoder, sample, speculate
 from sol_control.decoding.adaptive_k import MAX_K
 from sol_control.decoding.sampling import distribution
 
@@ -305,6 +305,27 @@ def test_adaptive_k_picks_the_best_modelled_rate():
                                    for k in range(1, MAX_K + 1)]
         assert ctl.choose(MAX_K + 1) == int(np.argmax(rates))
         assert ctl.verify_ms(5) == pytest.approx(cost(5), rel=1e-9)
+
+
+def test_guess_length_checks_only_the_guesses_that_pay_for_their_pass():
+    """Passes cost 10 ms + 2 ms a guess. Heads whose first guess is right 60 % of the time and
+    later ones rarely: one guess pays best; a source right 98 % of the time (lookup on a text that
+    repeats): all of them. Learnt per source, from the passes it times."""
+    length = GuessLength()
+    assert length.choose("heads", 4) == 1  # no pass timed yet: each count once, smallest first
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        for source, p in (("heads", [0.6, 0.2, 0.2, 0.2]), ("lookup", [0.98] * 8)):
+            offered = len(p)
+            c = length.choose(source, offered)
+            assert 1 <= c <= offered
+            right = rng.random(c) < p[:c]
+            accepted = int(np.argmin(np.append(right, False)))  # leading right guesses
+            length.update(source, c, accepted, 10.0 + 2.0 * c)
+    assert length.choose("heads", 4) == 1
+    assert length.choose("lookup", 8) == 8
+    assert length.expected_tokens("heads", 1) == pytest.approx(1.6, abs=0.1)
+    assert length.choose("heads", 0) == 0 and length.choose("heads", 1) == 1
 
 
 def test_adaptive_k_shrugs_off_one_slow_step_and_probes_a_draft_it_stopped_using():

@@ -16,7 +16,7 @@ import onnxruntime as ort
 import pytest
 
 from sol_control.bundle import Bundle
-from sol_control.decoding import DecoderSession, greedy, speculate
+from sol_control.decoding import DecoderSession, GuessLength, greedy, speculate
 from sol_control.decoding.fused import FusedDecoderSession
 from sol_control.graph import quant
 from sol_control.graph.from_onnx import read_decoder
@@ -432,11 +432,15 @@ def test_speculation_with_the_targets_own_heads_equals_plain_greedy(tmp_path, pr
     sess = FusedDecoderSession(build_decoder(w, tmp_path / f"h_{precision}.onnx", precision))
     rng = np.random.default_rng(5)
     accepted = rejected = 0
+    length = GuessLength()
+    length.costs.update(1, 0, None, 1.0)
+    length.costs.update(4, 0, None, 40.0)  # wide passes look dear: it checks 1-2 guesses
     for _ in range(8):
         prefix = rng.integers(0, 96, int(rng.integers(2, 9)))
         plain = greedy(sess, prefix, 12).tokens
         r = speculate_heads(sess, prefix, 12)
         assert r.tokens == plain and r.complete
+        assert speculate_heads(sess, prefix, 12, length=length).tokens == plain  # fewer guesses a pass
         stop = (plain[int(rng.integers(0, 12))],)  # a stop id ends both alike, guesses past it dropped
         assert speculate_heads(sess, prefix, 12, stop_ids=stop).tokens == greedy(sess, prefix, 12, stop_ids=stop).tokens
         accepted += r.stats.accepted

@@ -24,6 +24,7 @@ from tokenizers import Tokenizer, models
 
 from sol_control.bundle import Bundle, write_manifest
 from sol_control.cli import main
+from sol_control.graph import quant
 from sol_control.lm.ggml_q4 import q4_1_nibbles
 from sol_control.lm.gguf_reader import read_gguf_weights, unpermute_rows
 from sol_control.lm.gguf_writer import finish_gguf, gguf_name, llama_gguf_writer, write_llama_gguf
@@ -90,11 +91,11 @@ def test_generate_chat_uses_the_template(tiny, tmp_path):
 
 
 def graph_linear(init: dict[str, np.ndarray], key: str) -> np.ndarray:
-    """[n, k] float32 from a MatMulNBits linear in the mins form: q * scale + mins."""
+    """[n, k] float32 from a MatMulNBits linear in the mins form: (q - 8) * scale + mins."""
     packed, scales, mins = init[f"{key}.q4"], init[f"{key}.scales"], init[f"{key}.mins.T"].T
-    assert not init[f"{key}.zero_points"].any()  # uint8 zero points, all 0: the prepacked fast path
+    assert f"{key}.zero_points" not in init  # symmetric blocks (implicit zero point 8): the prepacked fast path
     q = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(*packed.shape[:2], -1).astype(np.float32)
-    return (q * scales[..., None] + mins[..., None]).reshape(packed.shape[0], -1)
+    return ((q - 8) * scales[..., None] + mins[..., None]).reshape(packed.shape[0], -1)
 
 
 def test_int4_weights_equal_gguf_dequantization(tiny):
@@ -115,7 +116,8 @@ def test_int4_weights_equal_gguf_dequantization(tiny):
                 data = np.asarray(raw[gguf_name(name)].data)
                 w = gguf.quants.dequantize(data, Q.Q4_1)
                 q, d, m = q4_1_nibbles(data)
-                b = U * (3 * np.abs(m)[..., None] + np.abs(d[..., None] * q) + 3 * np.abs(w).reshape(q.shape))
+                b = U * (3 * np.abs(m)[..., None] + 24 * np.abs(d)[..., None] + np.abs(d[..., None] * q)
+                         + 3 * np.abs(w).reshape(q.shape))  # mins = m + 8 d, rounded once
                 b = b.reshape(w.shape)
                 heads = c.n_heads if "q_proj" in name else c.n_kv_heads if "k_proj" in name else None
                 if heads:
@@ -131,6 +133,28 @@ def test_int4_generates_from_its_bundle(tiny, tmp_path):
     _, bundle, _ = tiny
     got = generate(bundle, tmp_path, "--prompt-ids", "1,100,71", "--max-new-tokens", "8", "--precision", "int4")
     assert got["precision"] == "int4" and 1 <= len(got["tokens"]) <= 8
+
+
+def test_symmetric_int4_requantizes_into_symmetric_blocks(tiny, tmp_path):
+    """--int4-mode symmetric: every linear and the tied head/embedding are symmetric 4-bit
+    blocks (no zero points) quantized from the GGUF's dequantized weights, and the graph decodes."""
+    path, _, weights = tiny
+    bundle = tmp_path / "symmetric"
+    assert main(["import", str(path), "--out", str(bundle), "--quantize", "int4", "--int4-mode", "symmetric"]) == 0
+    source = Bundle.load(bundle).manifest.metrics["import"]["target"]
+    assert source["int4_mode"] == "symmetric" and source["int4_linears_exact"] == 0
+    model = onnx.load(str(bundle / "target_int4.onnx"))
+    init = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    nbits = [n for n in model.graph.node if n.op_type in ("MatMulNBits", "GatherBlockQuantized")]
+    assert len(nbits) == 5 * weights.config.n_layers + 2  # qkv, o, gate, up, down; the head; the embedding
+    for node in nbits:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        assert attrs["bits"] == 4 and not node.input[3:], node.name  # no zero points: symmetric
+    key = "model.layers.0.mlp.down_proj.weight"
+    want = quant.quantize(weights.linear(key), 4, 32, symmetric=True)
+    assert np.array_equal(init[f"{key}.q4"], want.packed) and np.array_equal(init[f"{key}.scales"], want.scales)
+    got = generate(bundle, tmp_path, "--prompt-ids", "1,100,71", "--max-new-tokens", "8", "--precision", "int4")
+    assert 1 <= len(got["tokens"]) <= 8
 
 
 def test_exact_int4_generates_the_reference_tokens(tiny, tmp_path):

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ..bundle import Bundle
-from ..decoding import AdaptiveK, greedy, open_decoder, speculate, speculate_heads
+from ..decoding import AdaptiveK, GuessLength, greedy, open_decoder, speculate, speculate_heads
 from ..lm.tokenizer import LMTokenizer
 
 WORKLOAD = Path(__file__).parent / "data" / "lm_workload.json"
@@ -35,6 +35,7 @@ ROWS = [  # (row name, target precision, speculative, prompt lookup)
     ("int8 + draft", "int8", True, 0),
     ("int4 + draft", "int4", True, 0),
     ("int8 + draft + lookup", "int8", True, LOOKUP),  # heads bundles only
+    ("int4 + draft + lookup", "int4", True, LOOKUP),
 ]
 
 _T0 = time.monotonic()
@@ -132,6 +133,7 @@ class Row:
     target: object
     draft: object = None
     controller: AdaptiveK | None = None
+    length: GuessLength | None = None  # heads rows: how many guesses a pass checks, learnt across answers
     prompts: list[list[Run]] = field(default_factory=list)  # [repetition][prompt]
     loops: list[list[Run]] = field(default_factory=list)  # [repetition][round]
     proposed: int = 0
@@ -152,7 +154,7 @@ class Row:
         if self.mode == "plain":
             res = greedy(self.target, prefix, max_new, stop_ids=stops)
         elif self.mode == "heads":
-            res = speculate_heads(self.target, prefix, max_new, stop_ids=stops, lookup=self.lookup)
+            res = speculate_heads(self.target, prefix, max_new, stop_ids=stops, lookup=self.lookup, length=self.length)
         else:
             res = speculate(self.draft, self.target, prefix, max_new, controller=self.controller, stop_ids=stops)
         wall_ms, cpu = (time.monotonic_ns() - t0) / 1e6, cpu_s() - c0
@@ -184,6 +186,8 @@ def make_rows(bundle: Bundle, threads: list[int]) -> tuple[list[Row], list[dict]
                 dprec = "int8" if "int8" in m.draft.precisions else m.draft.precisions[0]
                 row.draft = open_decoder(bundle, "draft", dprec, t, name=f"{row.label} draft")
                 row.controller = AdaptiveK()
+            if row.mode == "heads":
+                row.length = GuessLength()
             rows.append(row)
     return rows, skipped
 

@@ -100,3 +100,65 @@ class AdaptiveK:
         old = self.verify[t]
         self.verify[t] = verify_ms if np.isnan(old) else _average(float(old), verify_ms)
         self._est = self._estimate(np.arange(MAX_K + 2, dtype=np.float64)).tolist()
+
+
+class GuessLength:
+    """How many of the guesses on offer (draft heads' or prompt lookup's) one verify pass checks.
+
+    Guesses cost no draft time (the heads run inside the target's call), only a wider pass; where
+    that pass is compute-bound (int4 / int8 verify on CPUs without VNNI: 5 rows ~2.3x one row), a
+    late head whose guess is rarely right costs more than it brings. Per source it keeps the
+    chance that guess j is accepted once guesses 1..j-1 were, and picks the count c with the most
+    expected tokens, 1 + sum_j prod_{i<=j} p_i, per ms of a pass of c + 1 rows (AdaptiveK's cost
+    estimate, learnt from the passes it times; each count is timed once first). At least one guess:
+    a plain step in exact mode runs two rows anyway. Keep one per decoder: it learns across answers.
+    """
+
+    def __init__(self, decay: float = 0.98):
+        self.decay = decay
+        self.costs = AdaptiveK()  # only its per-size verify cost estimate is used
+        self._tried: dict[str, np.ndarray] = {}
+        self._passed: dict[str, np.ndarray] = {}
+
+    def _counts(self, source: str) -> tuple[np.ndarray, np.ndarray]:
+        if source not in self._tried:
+            self._tried[source], self._passed[source] = np.zeros(MAX_K + 1), np.zeros(MAX_K + 1)
+        return self._tried[source], self._passed[source]
+
+    def acceptance(self, source: str) -> list[float]:
+        """p_j for j = 1..MAX_K: the chance guess j is accepted when 1..j-1 were. Each position's
+        prior (weight one try) is the position before it (the first's: 1/2), so a position seldom
+        reached is taken to do as well as the one before, not worse."""
+        tried, passed = self._counts(source)
+        p, prior = [], 0.5
+        for j in range(1, MAX_K + 1):
+            prior = (passed[j] + prior) / (tried[j] + 1.0)
+            p.append(prior)
+        return p
+
+    def expected_tokens(self, source: str, count: int) -> float:
+        """Tokens one pass checking `count` guesses of `source` is expected to emit (its own included)."""
+        return float(1.0 + np.cumprod(self.acceptance(source)[:count]).sum())
+
+    def choose(self, source: str, offered: int) -> int:
+        """The number of guesses to check, 1..offered (0 when none are offered)."""
+        offered = min(offered, MAX_K)
+        if offered <= 1:
+            return offered
+        untimed = np.flatnonzero(np.isnan(self.costs.verify[2:offered + 2]))  # counts c - 1 never timed
+        if len(untimed):
+            return int(untimed[0]) + 1  # each count is timed once, smallest first (no extrapolating below)
+        tokens = 1.0 + np.cumsum(np.cumprod(self.acceptance(source)[:offered]))
+        rates = [tokens[c - 1] / self.costs.verify_ms(c + 1) for c in range(1, offered + 1)]
+        return 1 + int(np.argmax(rates))
+
+    def update(self, source: str, checked: int, accepted: int, verify_ms: float) -> None:
+        """Learn from one pass that checked `checked` guesses of `source` and accepted `accepted`."""
+        if checked <= 0:
+            return
+        tried, passed = self._counts(source)
+        tried *= self.decay
+        passed *= self.decay
+        tried[1:min(accepted + 1, checked) + 1] += 1  # guesses 1..accepted+1 were looked at
+        passed[1:accepted + 1] += 1
+        self.costs.update(checked, accepted, None, verify_ms)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..budget import Budget
-from .adaptive_k import MAX_K, AdaptiveK
+from .adaptive_k import MAX_K, AdaptiveK, GuessLength
 from .sampling import argmax_probs, distribution, draw, token_prob
 from .session import DecoderSession
 
@@ -244,7 +244,8 @@ def lookup_guesses(seq: np.ndarray, k: int, n_max: int = 3, n_min: int = 2) -> l
 
 
 def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None = None,
-                    stop_ids: tuple[int, ...] = (), lookup: int = 0) -> DecodeResult:
+                    stop_ids: tuple[int, ...] = (), lookup: int = 0,
+                    length: GuessLength | None = None) -> DecodeResult:
     """Self-speculative greedy decoding with the target's own draft heads (a fused graph built with
     heads: it checks the guesses itself and guesses on from the row it stopped at). One call
     verifies the previous guesses and makes the next ones:
@@ -258,7 +259,10 @@ def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None =
 
     `lookup` > 0: where the text so far repeats itself (`lookup_guesses`: its last 2-3 tokens seen
     before), up to `lookup` tokens that followed them there are the guesses instead of the heads'
-    (an agent loop copying ids and keys from its tool results); the graph verifies either alike."""
+    (an agent loop copying ids and keys from its tool results); the graph verifies either alike.
+
+    `length` (a GuessLength, kept across answers) checks only as many guesses as pay for their
+    wider pass; None checks all of them."""
     t0 = time.monotonic_ns()
     budget = budget or Budget.unlimited()
     prefix = _check_request(target, prefix, max_new_tokens)
@@ -268,12 +272,18 @@ def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None =
     guesses = target.head_ids.tolist()
     while len(out) < max_new_tokens and out[-1] not in stop_ids and not budget.expired():
         seq_len = len(prefix) + len(out)  # committed tokens; the target holds seq_len - 1 of them
+        source = "heads"
         if lookup:
             seq[len(prefix):seq_len] = out
-            guesses = lookup_guesses(seq[:seq_len], lookup) or guesses
+            found = lookup_guesses(seq[:seq_len], lookup)
+            guesses, source = (found, "lookup") if found else (guesses, source)
         kk = min(len(guesses), max_new_tokens - len(out) - 1)
+        kk = length.choose(source, kk) if length is not None else kk
+        t1 = time.monotonic_ns()
         t_logits = target.forward(np.array([out[-1]] + guesses[:kk], np.int64), rows=kk + 1)  # [kk+1, V]
         n = target.accepted
+        if length is not None:
+            length.update(source, kk, n, _ms_since(t1))
         emitted = guesses[:n] + [int(np.argmax(t_logits[n]))]
         emitted = emitted[:_stop_at(emitted, stop_ids)]
         probs += argmax_probs(t_logits[:len(emitted)])  # every emitted token is its row's argmax

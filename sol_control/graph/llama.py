@@ -57,9 +57,11 @@ Precisions ("fp32", "int4", "int8"): the quantized ones put every linear into `M
   8 bits (`head_bits`), as the shipped int4 files; an `Int4Blocks` entry of `weights.int4` is
   written as given (an lm_head given so stays 4-bit), in one of two forms (`int4_zero_points`):
   "float": MatMulNBits with float zero points (exact; ONNX Runtime CPU does not prepack these,
-  ~65x slower a call); "mins": w = q * d + m split into MatMulNBits(x; q, d, zero point 0) plus
-  blocksum(x) @ M.T, blocksum(x) [T, k/block] the sum of x over each block and M [n, k/block] the
-  blocks' mins (M = -zero_point * scale) in fp32 (the same weights; ~1.25x a plain int4 call).
+  ~65x slower a call); "mins": w = q * d + m = (q - 8) * d + (m + 8 d) split into a symmetric
+  MatMulNBits(x; q, d) (no zero points: the implicit 8, ONNX Runtime's fastest int4 path) plus
+  blocksum(x) @ M.T, blocksum(x) [T, k/block] the sum of x over each block (one MatMul with a 0/1
+  matrix) and M [n, k/block] = (8 - zero_point) * scale in fp32 (the same weights; ~1.15x a plain
+  symmetric int4 call on SmolLM2).
 - int8 (`int8_kernel`): "integer" (default) = weights int8 per output channel (symmetric), each
   activation row quantized on its own scale (|row max| / 64, uint8 in [0, 128] at zero point 64),
   one `MatMulIntegerToFloat` (MLAS's u8s8 GEMM) and the row scales. Why 7-bit rows: without VNNI
@@ -263,12 +265,12 @@ def _row_quant(g: _Writer, x: str, dual: bool) -> tuple[str, str]:
 
 
 def _block_sums(g: _Writer, x: str, k_blocks: int, block: int) -> str:
-    """x [1, T, k] -> [1, T, k/block]: the sum of x over each block (made once per input)."""
+    """x [1, T, k] -> [1, T, k/block]: the sum of x over each block, as one MatMul with a 0/1
+    matrix (one node instead of Reshape + ReduceSum; made once per input)."""
     if (x, block) not in g.block_sums:
-        shape = g.const(f"{x}.blocks_shape", np.array([0, 0, k_blocks, block], np.int64))
-        blocks = g.node("Reshape", [x, shape], [f"{x}.blocks"])[0]  # [1, T, k/block, block]
-        axes = g.const(f"{x}.blocks_axes", np.array([-1], np.int64))
-        g.block_sums[(x, block)] = g.node("ReduceSum", [blocks, axes], [f"{x}.block_sums"], keepdims=0)[0]
+        ones = np.kron(np.eye(k_blocks, dtype=np.float32), np.ones((block, 1), np.float32))  # [k, k/block]
+        g.block_sums[(x, block)] = g.node("MatMul", [x, g.const(f"block_sums.{k_blocks}x{block}", ones)],
+                                          [f"{x}.block_sums"])[0]
     return g.block_sums[(x, block)]
 
 

@@ -154,11 +154,10 @@ def concat(parts: list[Blocks]) -> Blocks:
 
 
 def split_mins(b: Blocks) -> tuple[Blocks, np.ndarray]:
-    """4-bit blocks with float zero points as (the same q and scales with uint8 zero point 0,
-    mins [n, k/block] float32): w = (q - zp) * scale = q * scale + mins, mins = -zp * scale
-    (computed in float64: a Q4_1 block's fp16 min comes back exactly unless zp's rounding moved it)."""
+    """4-bit blocks with float zero points as (the same q and scales, symmetric: no zero points, so
+    ONNX Runtime's implicit 8; mins [n, k/block] float32): w = (q - zp) * scale = (q - 8) * scale +
+    mins, mins = (8 - zp) * scale (computed in float64: a Q4_1 block's fp16 min m and scale d give
+    m + 8 d, exact in float32 unless their exponents lie 13 or more apart)."""
     assert b.bits == 4 and b.zero_points is not None and b.zero_points.dtype == np.float32, b.zero_points
-    mins = (-(b.zero_points.astype(np.float64) * b.scales.astype(np.float64))).astype(np.float32)
-    k_blocks = b.packed.shape[1]
-    zero = np.zeros((b.n, (k_blocks + 1) // 2), np.uint8)  # two 4-bit zero points a byte, all 0
-    return Blocks(4, b.block_size, b.packed, b.scales, zero), mins
+    mins = ((8.0 - b.zero_points.astype(np.float64)) * b.scales.astype(np.float64)).astype(np.float32)
+    return Blocks(4, b.block_size, b.packed, b.scales, None), mins

@@ -79,9 +79,10 @@ def speculative(target, draft, prefix: np.ndarray, max_new_tokens: int, stop_ids
                 lookup: int = 0) -> Generation:
     """Greedy speculative decoding (draft decoder, or the target's draft heads when `draft` is None,
     with prompt-lookup guesses where the text repeats when `lookup` > 0)."""
-    from sol_control.decoding import speculate, speculate_heads
+    from sol_control.decoding import GuessLength, speculate, speculate_heads
 
-    result = (speculate_heads(target, prefix, max_new_tokens, stop_ids=stop_ids, lookup=lookup) if draft is None
+    result = (speculate_heads(target, prefix, max_new_tokens, stop_ids=stop_ids, lookup=lookup, length=GuessLength())
+              if draft is None
               else speculate(draft, target, prefix, max_new_tokens, k=None, stop_ids=stop_ids))
     s, tokens = result.stats, result.tokens
     return Generation(tokens, s.ttft_ms, s.wall_ms - s.ttft_ms, s.mean_accepted, tokens[-1] in stop_ids,
