@@ -375,21 +375,22 @@ def tiny_heads(w: LlamaWeights, k: int = 3, offset: int = 40, n_out: int = 48, s
                       rng.standard_normal((k, n_out, h)).astype(np.float32), offset)
 
 
-def _heads_reference(w: LlamaWeights, hidden_row: np.ndarray) -> np.ndarray:
+def _heads_reference(w: LlamaWeights, hidden_row: np.ndarray, vocab: int | None = None) -> np.ndarray:
     """argmax(w2_j (h + SiLU(w1_j h))) + offset for one hidden row [H] -> [K], as tools/train_heads.py
-    (w2 = None: every head through the lm_head)."""
+    (w2 = None: every head through the lm_head, or its first `vocab` rows)."""
     u = np.einsum("koi,i->ko", w.heads.w1, hidden_row)
     hj = hidden_row[None, :] + u / (1.0 + np.exp(-u))
     if w.heads.w2 is None:
-        return (hj @ w.linear(w.lm_head_name).T).argmax(-1)
+        return (hj @ w.linear(w.lm_head_name)[:vocab].T).argmax(-1)
     return np.einsum("kvh,kh->kv", w.heads.w2, hj).argmax(-1) + w.heads.token_offset
 
 
-@pytest.mark.parametrize("shared_head", [False, True], ids=["own_w2", "lm_head"])
-def test_draft_heads_in_the_graph_match_a_numpy_reference(tmp_path, shared_head):
+@pytest.mark.parametrize("shared_head,vocab", [(False, None), (True, None), (True, 40)],
+                         ids=["own_w2", "lm_head", "lm_head_first_40"])
+def test_draft_heads_in_the_graph_match_a_numpy_reference(tmp_path, shared_head, vocab):
     """The graph checks the guesses (the first one differing from the argmax of the row before it)
-    and runs the heads on that row (through their own w2, or the lm_head); both against the
-    numpy reference forward."""
+    and runs the heads on that row (through their own w2, the lm_head, or its first 40 rows:
+    heads_vocab); all against the numpy reference forward."""
     from sol_control.graph.weights import DraftHeads
     from sol_control.lm.reference import LlamaReference
 
@@ -397,14 +398,16 @@ def test_draft_heads_in_the_graph_match_a_numpy_reference(tmp_path, shared_head)
     w.heads = tiny_heads(w)
     if shared_head:
         w.heads = DraftHeads(w.heads.w1, None, 0)
-    sess = FusedDecoderSession(build_decoder(w, tmp_path / "h.onnx", "fp32"))
+    sess = FusedDecoderSession(build_decoder(w, tmp_path / "h.onnx", "fp32", heads_vocab=vocab))
     assert sess.draft_heads == 3
     ref = LlamaReference(w)
     ids = np.array([1, 5, 9, 17, 23, 31, 7], np.int64)
     logits = sess.forward(ids, rows=1)  # a prefill: one row, no guesses
     hid, want = ref.hidden(ids), ref.logits(ids)
     assert logits.shape == (1, 96) and sess.accepted == 0
-    assert np.array_equal(sess.head_ids, _heads_reference(w, hid[-1]))
+    assert np.array_equal(sess.head_ids, _heads_reference(w, hid[-1], vocab))
+    if vocab is not None:  # the slice matters here: the whole head would guess other tokens
+        assert not np.array_equal(sess.head_ids, _heads_reference(w, hid[-1]))
     # a verify pass: the first guess right (the argmax after 7), the second wrong
     right = int(np.argmax(want[-1]))
     nxt = np.array([right, (int(np.argmax(ref.logits([*ids, right])[-1])) + 1) % 96], np.int64)
@@ -413,12 +416,13 @@ def test_draft_heads_in_the_graph_match_a_numpy_reference(tmp_path, shared_head)
     rows = sess.forward(np.concatenate([ids[-1:], nxt]), rows=3)  # cur + 2 guesses
     assert rows.shape == (3, 96) and sess.accepted == 1
     full = np.concatenate([ids, nxt])
-    assert np.array_equal(sess.head_ids, _heads_reference(w, ref.hidden(full)[len(ids)]))
+    assert np.array_equal(sess.head_ids, _heads_reference(w, ref.hidden(full)[len(ids)], vocab))
 
 
-@pytest.mark.parametrize("shared_head", [False, True], ids=["own_w2", "lm_head"])
+@pytest.mark.parametrize("shared_head,vocab", [(False, None), (True, None), (True, 64)],
+                         ids=["own_w2", "lm_head", "lm_head_first_64"])
 @pytest.mark.parametrize("precision", ["fp32", "int4", "int8"])
-def test_speculation_with_the_targets_own_heads_equals_plain_greedy(tmp_path, precision, shared_head):
+def test_speculation_with_the_targets_own_heads_equals_plain_greedy(tmp_path, precision, shared_head, vocab):
     """Whatever the heads guess, the output is plain greedy's, token for token, on every precision.
     Heads that repeat the target's next token (w1 = 0, w2 = its lm_head, or the lm_head itself)
     are right wherever the tiny random model repeats itself and wrong elsewhere, so both paths of
@@ -429,7 +433,7 @@ def test_speculation_with_the_targets_own_heads_equals_plain_greedy(tmp_path, pr
     w = tiny_weights(seed=3)
     head = w.tensors["lm_head.weight"]
     w.heads = DraftHeads(np.zeros((4, 64, 64), np.float32), None if shared_head else np.repeat(head[None], 4, 0), 0)
-    sess = FusedDecoderSession(build_decoder(w, tmp_path / f"h_{precision}.onnx", precision))
+    sess = FusedDecoderSession(build_decoder(w, tmp_path / f"h_{precision}.onnx", precision, heads_vocab=vocab))
     rng = np.random.default_rng(5)
     accepted = rejected = 0
     length = GuessLength()

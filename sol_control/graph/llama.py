@@ -49,7 +49,10 @@ the row before it) and runs the heads on that one row, where head j guesses the 
 the row's own; so one call verifies the previous guesses and makes the next ones
 (decoding.speculate_heads). The heads are fp32 in fp32 graphs and where int8 activations are not
 allowed; otherwise (`heads_int8`) their weights are int8 per channel as the int8 linears (w2: one
-integer GEMM per head; the argmax needs no row scale).
+integer GEMM per head; the argmax needs no row scale). Heads that read the model's own lm_head
+cost K more lm_head rows a call (on SmolLM2 about as much as the rest of a one-token call);
+`heads_vocab` n has them read its first n rows only, so they guess among tokens [0, n) (a BPE
+vocabulary's most frequent: 88 % of SmolLM2's answer tokens lie below 8192).
 
 Precisions ("fp32", "int4", "int8"): the quantized ones put every linear into `MatMulNBits`
 (block `block_size` along the input features, `accuracy_level` 4 = int8 activations):
@@ -120,6 +123,7 @@ class BuildOptions:
     int8_kernel: str = "integer"  # int8 linears: "integer" (MatMulIntegerToFloat, rows) or "nbits" (module docstring)
     heads_int8: bool = True  # quantized graphs: the draft heads' weights in int8 too (integer kernel only)
     int8_activations: str = "rows"  # integer int8 linears: "rows" (8 bits a row) or "dual" (+ residuals, ~15 bits)
+    heads_vocab: int | None = None  # heads on the lm_head guess among tokens [0, n) only (module docstring)
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -136,6 +140,8 @@ class BuildOptions:
             raise ValueError(f"int8_activations must be 'rows' or 'dual', got {self.int8_activations!r}")
         if self.int8_kernel not in INT8_KERNELS:
             raise ValueError(f"int8_kernel must be one of {INT8_KERNELS}, got {self.int8_kernel!r}")
+        if self.heads_vocab is not None and self.heads_vocab < 1:
+            raise ValueError(f"heads_vocab must be positive, got {self.heads_vocab}")
         if self.max_context is not None and self.max_context <= 0:
             raise ValueError(f"max_context must be positive, got {self.max_context}")
 
@@ -381,7 +387,9 @@ def _draft_heads(g: _Writer, rows: str, best: str, weights: LlamaWeights, opts: 
     g.const("heads.row_shape", np.array([1, hidden], np.int64))
     base = g.node("Reshape", [row, "heads.row_shape"], ["heads.h2"])[0]  # [1, H]
     hj = g.node("Add", [base, act], ["heads.hj"])[0]  # [K, H]
-    if heads.shared_head:  # the K rows through the model's own lm_head, as a K-row call would run it
+    if heads.shared_head and opts.heads_vocab is not None and opts.heads_vocab < weights.config.vocab_size:
+        logits = _head_slice(g, hj, weights, opts.heads_vocab, int8)  # [1, K, heads_vocab]
+    elif heads.shared_head:  # the K rows through the model's own lm_head, as a K-row call would run it
         g.const("heads.axis0", np.array([0], np.int64))
         hk = g.node("Unsqueeze", [hj, "heads.axis0"], ["heads.hk"])[0]  # [1, K, H]
         logits = _lm_head(g, hk, "heads.logits", weights, opts)  # [1, K, vocab]
@@ -406,6 +414,18 @@ def _draft_heads(g: _Writer, rows: str, best: str, weights: LlamaWeights, opts: 
     ids3 = g.node("Reshape", [ids, "heads.out_shape"], ["heads.ids"])[0]
     g.const("heads.offset", np.array(heads.token_offset, np.int64))
     g.node("Add", [ids3, "heads.offset"], [HEAD_IDS])
+
+
+def _head_slice(g: _Writer, hj: str, weights: LlamaWeights, n: int, int8: bool) -> str:
+    """The K heads' rows hj [K, H] through the lm_head's first n rows (tokens [0, n): with a BPE
+    vocabulary the frequent ones) -> logits [1, K, n]: int8 per channel on single 7-bit rows in
+    quantized graphs (an argmax needs no more), fp32 otherwise."""
+    g.const("heads.axis0", np.array([0], np.int64))
+    hk = g.node("Unsqueeze", [hj, "heads.axis0"], ["heads.hk"])[0]  # [1, K, H]
+    w = weights.linear(weights.lm_head_name)[:n]  # [n, H]
+    if int8:
+        return _integer_linear(g, hk, "heads.logits", "heads.vocab_slice", w, False)
+    return g.node("MatMul", [hk, g.const("heads.vocab_slice.T", np.ascontiguousarray(w.T))], ["heads.logits"])[0]
 
 
 def _lm_head(g: _Writer, x: str, out: str, weights: LlamaWeights, opts: BuildOptions) -> str:
