@@ -136,9 +136,10 @@ class GuessLength:
             p.append(prior)
         return p
 
-    def expected_tokens(self, source: str, count: int) -> float:
-        """Tokens one pass checking `count` guesses of `source` is expected to emit (its own included)."""
-        return float(1.0 + np.cumprod(self.acceptance(source)[:count]).sum())
+    def expected_tokens(self, source: str, count: int) -> np.ndarray:
+        """[count]: the tokens one pass checking c = 1..count guesses of `source` is expected to emit
+        (its own included)."""
+        return 1.0 + np.cumsum(np.cumprod(self.acceptance(source)[:count]))
 
     def choose(self, source: str, offered: int) -> int:
         """The number of guesses to check, 1..offered (0 when none are offered)."""
@@ -148,7 +149,7 @@ class GuessLength:
         untimed = np.flatnonzero(np.isnan(self.costs.verify[2:offered + 2]))  # counts c - 1 never timed
         if len(untimed):
             return int(untimed[0]) + 1  # each count is timed once, smallest first (no extrapolating below)
-        tokens = 1.0 + np.cumsum(np.cumprod(self.acceptance(source)[:offered]))
+        tokens = self.expected_tokens(source, offered)
         rates = [tokens[c - 1] / self.costs.verify_ms(c + 1) for c in range(1, offered + 1)]
         return 1 + int(np.argmax(rates))
 
