@@ -63,8 +63,8 @@ Precisions ("fp32", "int4", "int8"): the quantized ones put every linear into `M
   ~65x slower a call); "mins": w = q * d + m = (q - 8) * d + (m + 8 d) split into a symmetric
   MatMulNBits(x; q, d) (no zero points: the implicit 8, ONNX Runtime's fastest int4 path) plus
   blocksum(x) @ M.T, blocksum(x) [T, k/block] the sum of x over each block (one MatMul with a 0/1
-  matrix) and M [n, k/block] = (8 - zero_point) * scale in fp32 (the same weights; ~1.15x a plain
-  symmetric int4 call on SmolLM2).
+  matrix) and M [n, k/block] = (8 - zero_point) * scale in fp32 (the same weights; a SmolLM2 call
+  ~1.15x one with plain symmetric blocks).
 - int8 (`int8_kernel`): "integer" (default) = weights int8 per output channel (symmetric), each
   activation row quantized on its own scale (|row max| / 64, uint8 in [0, 128] at zero point 64),
   one `MatMulIntegerToFloat` (MLAS's u8s8 GEMM) and the row scales. Why 7-bit rows: without VNNI
