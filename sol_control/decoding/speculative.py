@@ -276,7 +276,8 @@ def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None =
         if lookup:
             seq[len(prefix):seq_len] = out
             found = lookup_guesses(seq[:seq_len], lookup)
-            guesses, source = (found, "lookup") if found else (guesses, source)
+            if found:
+                guesses, source = found, "lookup"
         kk = min(len(guesses), max_new_tokens - len(out) - 1)
         kk = length.choose(source, kk) if length is not None else kk
         t1 = time.monotonic_ns()

@@ -390,12 +390,9 @@ def _draft_heads(g: _Writer, rows: str, best: str, weights: LlamaWeights, opts: 
     if heads.shared_head and opts.heads_vocab is not None and opts.heads_vocab < weights.config.vocab_size:
         logits = _head_slice(g, hj, weights, opts.heads_vocab, int8)  # [1, K, heads_vocab]
     elif heads.shared_head:  # the K rows through the model's own lm_head, as a K-row call would run it
-        g.const("heads.axis0", np.array([0], np.int64))
-        hk = g.node("Unsqueeze", [hj, "heads.axis0"], ["heads.hk"])[0]  # [1, K, H]
-        logits = _lm_head(g, hk, "heads.logits", weights, opts)  # [1, K, vocab]
+        logits = _lm_head(g, _heads_batch(g, hj), "heads.logits", weights, opts)  # [1, K, vocab]
     elif int8:  # K rows, each through its own head's int8 w2 (argmax needs no row scale)
-        g.const("heads.axis0", np.array([0], np.int64))
-        hq, _ = _row_quant(g, g.node("Unsqueeze", [hj, "heads.axis0"], ["heads.hk"])[0], False)  # [1, K, H] uint8
+        hq, _ = _row_quant(g, _heads_batch(g, hj), False)  # [1, K, H] uint8
         parts = g.node("Split", [hq], [f"heads.hq{j}" for j in range(k)], axis=1, num_outputs=k)
         outs = []
         for j, part in enumerate(parts):
@@ -416,12 +413,17 @@ def _draft_heads(g: _Writer, rows: str, best: str, weights: LlamaWeights, opts: 
     g.node("Add", [ids3, "heads.offset"], [HEAD_IDS])
 
 
+def _heads_batch(g: _Writer, hj: str) -> str:
+    """The K heads' rows hj [K, H] as one call's rows [1, K, H]."""
+    g.const("heads.axis0", np.array([0], np.int64))
+    return g.node("Unsqueeze", [hj, "heads.axis0"], ["heads.hk"])[0]
+
+
 def _head_slice(g: _Writer, hj: str, weights: LlamaWeights, n: int, int8: bool) -> str:
     """The K heads' rows hj [K, H] through the lm_head's first n rows (tokens [0, n): with a BPE
     vocabulary the frequent ones) -> logits [1, K, n]: int8 per channel on single 7-bit rows in
     quantized graphs (an argmax needs no more), fp32 otherwise."""
-    g.const("heads.axis0", np.array([0], np.int64))
-    hk = g.node("Unsqueeze", [hj, "heads.axis0"], ["heads.hk"])[0]  # [1, K, H]
+    hk = _heads_batch(g, hj)
     w = weights.linear(weights.lm_head_name)[:n]  # [n, H]
     if int8:
         return _integer_linear(g, hk, "heads.logits", "heads.vocab_slice", w, False)
