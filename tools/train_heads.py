@@ -19,6 +19,7 @@ Two ways to train them:
   accepted ~30 % fewer guesses than joint training.
 
     python tools/train_heads.py --task grasp --heads 4        # -> .work/grasp/heads.npz
+    python tools/train_heads.py --task grasp --heads 7 --extend   # the bundle's 4, plus 3 trained here
 """
 from __future__ import annotations
 
@@ -50,14 +51,15 @@ def hidden_states(model, seq: np.ndarray, batch: int = 512) -> np.ndarray:
     return np.concatenate(out)
 
 
-def head_examples(hidden: np.ndarray, actions: np.ndarray, prefix_len: int, k: int, lo: int):
+def head_examples(hidden: np.ndarray, actions: np.ndarray, prefix_len: int, k: int, lo: int, first: int = 1):
     """(h [M, hidden], labels [M, k]) from every position that predicts an action token: position
-    p - 1 + i predicts action i; head j there predicts action i + j (label -100 past the end)."""
+    p - 1 + i predicts action i; head j (first .. first + k - 1) there predicts action i + j
+    (label -100 past the end)."""
     n, n_act = actions.shape
     h = hidden[:, prefix_len - 1:prefix_len - 1 + n_act]  # [N, A, hidden]
     labels = np.full((n, n_act, k), -100, np.int64)
-    for j in range(1, k + 1):
-        labels[:, :n_act - j, j - 1] = actions[:, j:] - lo
+    for j in range(first, first + k):
+        labels[:, :n_act - j, j - first] = actions[:, j:] - lo
     keep = (labels != -100).any(-1).reshape(-1)
     return h.reshape(n * n_act, -1)[keep], labels.reshape(n * n_act, k)[keep]
 
@@ -153,10 +155,29 @@ def target_from_bundle(bundle_dir: Path, work: Path):
 
 
 def build_heads(task: str, bundle_dir: Path, work: Path, k: int, steps: int, n_train: int = 16000,
-                lr: float = 3e-3, batch: int = 512) -> dict:
-    """Train K heads on the bundle's target; write work/heads.npz and return the training report."""
+                lr: float = 3e-3, batch: int = 512, extend: bool = False) -> dict:
+    """Train K heads on the bundle's target; write work/heads.npz and return the training report.
+    `extend`: keep the bundle's own heads (trained with the target) and train only heads
+    k_bundle + 1 .. K on top of them."""
+    keep = None
+    if extend:
+        from sol_control.bundle import Bundle
+        from sol_control.graph.from_onnx import read_heads
+
+        m = Bundle.load(bundle_dir).manifest
+        keep = read_heads(bundle_dir / m.target.fused["fp32"])
+    return fit_heads(task, target_from_bundle(bundle_dir, work), work, k, steps, n_train, lr, batch, keep)
+
+
+def fit_heads(task: str, target, work: Path, k: int, steps: int, n_train: int = 16000, lr: float = 3e-3,
+              batch: int = 512, keep=None) -> dict:
+    """K heads on a frozen transformers `target`, labelled with its own greedy continuations of the
+    split's prefixes -> work/heads.npz. `keep` (DraftHeads, k_keep < K) stay as they are in front:
+    only heads k_keep + 1 .. K are trained (each head is independent of the others)."""
     lo, hi = T.layout(task)["vocab"]["action"]
-    target = target_from_bundle(bundle_dir, work)
+    first = 1 + (keep.k if keep is not None else 0)
+    if first > k:
+        raise ValueError(f"asked for {k} heads, the bundle already has {first - 1}")
     lm_head = target.lm_head.weight.detach().numpy()[lo:hi].astype(np.float32)  # [n_out, H]
     examples = {}
     for split, n in (("train", n_train), ("test", 512)):
@@ -166,12 +187,15 @@ def build_heads(task: str, bundle_dir: Path, work: Path, k: int, steps: int, n_t
             np.save(cache, T.greedy_batch(target, prefix, len(T.layout(task)["actions"])))
         acts = np.load(cache, allow_pickle=False)
         hidden = hidden_states(target, np.concatenate([prefix, acts], axis=1))
-        examples[split] = head_examples(hidden, acts, prefix.shape[1], k, lo)
+        examples[split] = head_examples(hidden, acts, prefix.shape[1], k - first + 1, lo, first)
     heads, info = train_heads(*examples["train"], lm_head, steps, lr, batch)
-    info.update(heads=k, token_offset=int(lo), n_out=int(hi - lo),
+    arrays = heads.arrays()
+    if keep is not None:
+        arrays = {"w1": np.concatenate([keep.w1, arrays["w1"]]), "w2": np.concatenate([keep.w2, arrays["w2"]])}
+    info.update(heads=k, trained_heads=list(range(first, k + 1)), token_offset=int(lo), n_out=int(hi - lo),
                 test_accuracy=head_accuracy(heads, *examples["test"]),
                 train_accuracy=head_accuracy(heads, *examples["train"]))
-    np.savez(work / "heads.npz", **heads.arrays(), token_offset=np.int64(lo))
+    np.savez(work / "heads.npz", **arrays, token_offset=np.int64(lo))
     (work / "heads_train.json").write_text(json.dumps(info, indent=2))
     return info
 
@@ -183,11 +207,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--extend", action="store_true",
+                    help="keep the bundle's heads and train only the ones after them, up to --heads")
     args = ap.parse_args(argv)
     work = T.WORK / args.task
     work.mkdir(parents=True, exist_ok=True)
     bundle = args.bundle or ROOT / "models" / args.task
-    print(json.dumps(build_heads(args.task, bundle, work, args.heads, args.steps, lr=args.lr), indent=2))
+    print(json.dumps(build_heads(args.task, bundle, work, args.heads, args.steps, lr=args.lr,
+                                        extend=args.extend), indent=2))
     return 0
 
 
