@@ -3,7 +3,7 @@
     input_ids [1, T] int64, seqlens_k [1] int32 (= L + T - 1 + p), total_sequence_length [] int32
     (= L + T + p), guesses [] int64 (G), past_key_values.{i}.key|value [1, H, C, D]
       ->  logits [1, G+1, V] (the last G+1 rows), present.{i}.key|value [1, H, C, D],
-          with draft heads: accepted [1] int64, head_ids [1, 1, K] int64
+          with draft heads: accepted [1] int64, head_ids [1, 1, K] int64, probs [1, G+1] float32
     (p = the graph's `query_pad` metadata, C = max_context + p)
 
 Past and present of each layer are bound to one preallocated buffer of C positions
@@ -115,6 +115,8 @@ class FusedDecoderSession:
         self.draft_heads = int(outputs["head_ids"].shape[-1]) if "head_ids" in outputs else 0
         self._heads = np.zeros(max(self.draft_heads, 1), np.int64)
         self._accepted = np.zeros(1, np.int64)
+        self._has_probs = "probs" in outputs  # graphs built before it came have none
+        self._probs = np.zeros(self.max_rows, np.float32)
         self._bind_static(capacity + self._pad)
         self._bound = (0, 0)  # (T, rows) that input_ids / logits are bound for
         if min_step_tokens is None:  # the exactness rule: probe this graph on this CPU
@@ -191,6 +193,8 @@ class FusedDecoderSession:
         if (T, rows) != self._bound:
             self._bind_in("input_ids", _I64, (1, T), int(self._ids.ctypes.data))
             self._bind_out("logits", _F32, (1, rows, self.vocab), int(self._logits.ctypes.data))
+            if self._has_probs:
+                self._bind_out("probs", _F32, (1, rows), int(self._probs.ctypes.data))
             self._bound = (T, rows)
         self._ids[:T] = ids
         self._seqlens[0] = L + T - 1 + self._pad
@@ -214,6 +218,12 @@ class FusedDecoderSession:
         the one that row's logits predict). A view, valid until the next call."""
         assert self.draft_heads, f"{self.name} has no draft heads"
         return self._heads[: self.draft_heads]
+
+    @property
+    def row_probs(self) -> np.ndarray | None:
+        """Each row's largest softmax probability [rows] of the last call (the graph's `probs`), or
+        None for a graph without that output. A view, valid until the next call."""
+        return self._probs[: self._bound[1]] if self._has_probs else None
 
     def exact_rows(self, probes: int = 3) -> bool:
         """Does a one-token pass give bit for bit the logits the same token gets inside a

@@ -136,7 +136,20 @@ def _prefill(target: DecoderSession, prefix: np.ndarray, rule: Rule, stats: Deco
     stats.target_passes += 1
     stats.prefill_ms = stats.ttft_ms = _ms_since(t0)
     first = rule.pick(logits)
-    return [first], [token_prob(logits, first)]
+    return [first], [_last_prob(target, rule, logits, first)]
+
+
+def _last_prob(target, rule: Rule, logits: np.ndarray, token: int) -> float:
+    """The probability of `token`, picked from the last call's last row (`logits`): the graph's own
+    `probs` where it has them and the token is greedy, else a softmax here."""
+    probs = None if rule.sampling else getattr(target, "row_probs", None)
+    return float(probs[-1]) if probs is not None else token_prob(logits, token)
+
+
+def _greedy_probs(target, t_logits: np.ndarray, n: int) -> list[float]:
+    """The probabilities of the first n rows' argmaxes: from the graph where it has them (`probs`)."""
+    probs = getattr(target, "row_probs", None)
+    return probs[:n].tolist() if probs is not None else argmax_probs(t_logits[:n])
 
 
 def _plain(target, prefix, max_new_tokens, budget, rule: Rule, stop_ids: tuple[int, ...] = ()) -> DecodeResult:
@@ -150,7 +163,7 @@ def _plain(target, prefix, max_new_tokens, budget, rule: Rule, stop_ids: tuple[i
         stats.target_passes += 1
         stats.verify_passes += 1
         tokens.append(rule.pick(logits))
-        probs.append(token_prob(logits, tokens[-1]))
+        probs.append(_last_prob(target, rule, logits, tokens[-1]))
     return _finish(tokens, probs, max_new_tokens, stats, t0, stop_ids)
 
 
@@ -215,7 +228,10 @@ def speculate(draft: DecoderSession, target: DecoderSession, prefix, max_new_tok
         n, bonus = rule.accept(proposal, q, t_logits)
         emitted = proposal[:n] + [bonus]
         emitted = emitted[:_stop_at(emitted, stop_ids)]
-        probs += [token_prob(t_logits[i], tok) for i, tok in enumerate(emitted)]
+        if rule.sampling or rule.relax_delta:  # an emitted token need not be its row's argmax
+            probs += [token_prob(t_logits[i], tok) for i, tok in enumerate(emitted)]
+        else:
+            probs += _greedy_probs(target, t_logits, len(emitted))
         out += emitted
         stats.target_passes, stats.verify_passes = stats.target_passes + 1, stats.verify_passes + 1
         stats.proposed, stats.accepted = stats.proposed + kk, stats.accepted + n
@@ -287,7 +303,7 @@ def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None =
             length.update(source, kk, n, _ms_since(t1))
         emitted = guesses[:n] + [int(np.argmax(t_logits[n]))]
         emitted = emitted[:_stop_at(emitted, stop_ids)]
-        probs += argmax_probs(t_logits[:len(emitted)])  # every emitted token is its row's argmax
+        probs += _greedy_probs(target, t_logits, len(emitted))  # every emitted token is its row's argmax
         out += emitted
         guesses = target.head_ids.tolist()  # the heads at row n: what follows the token just emitted
         stats.target_passes, stats.verify_passes = stats.target_passes + 1, stats.verify_passes + 1

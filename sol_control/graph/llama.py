@@ -23,6 +23,9 @@ query_pad p in {0, 1}, draft_heads K; C = M + p, static in the graph):
                                                    of the row before them (greedy acceptance)
                               head_ids [1, 1, K] int64   the heads' guesses at row n (the K
                                                    tokens after the one row n's logits predict)
+                              probs [1, G+1] float32   each row's largest softmax probability
+                                                   (the confidence of the greedy token; MLAS's
+                                                   softmax, ~4x numpy's exp on the grasp rows)
 
 `GroupQueryAttention` with the past and present bound to one buffer (past_present_share_buffer)
 writes the new keys/values at rows [L, L+T+p) and attends causally over rows [0, L+T+p): a call
@@ -96,8 +99,9 @@ LAYOUT = "sol_control.fused/2"
 PRECISIONS = ("fp32", "int4", "int8")
 INT8_KERNELS = ("integer", "nbits")
 ROW_LEVELS = 64  # int8 activation rows: round(64 x / |row max|) + 64, uint8 in [0, 128] (docstring)
-INPUT_IDS, SEQLENS_K, TOTAL_LEN, GUESSES, LOGITS, ARGMAX, HEAD_IDS, ACCEPTED = (
-    "input_ids", "seqlens_k", "total_sequence_length", "guesses", "logits", "argmax", "head_ids", "accepted")
+INPUT_IDS, SEQLENS_K, TOTAL_LEN, GUESSES, LOGITS, ARGMAX, HEAD_IDS, ACCEPTED, PROBS = (
+    "input_ids", "seqlens_k", "total_sequence_length", "guesses", "logits", "argmax", "head_ids", "accepted",
+    "probs")
 OPSET, MS_DOMAIN, IR_VERSION = 21, "com.microsoft", 10
 
 
@@ -456,6 +460,7 @@ def _io(weights: LlamaWeights, C: int, argmax: bool) -> tuple[list, list]:
     if weights.heads is not None:
         outputs.append(helper.make_tensor_value_info(ACCEPTED, TensorProto.INT64, [1]))
         outputs.append(helper.make_tensor_value_info(HEAD_IDS, TensorProto.INT64, [1, 1, weights.heads.k]))
+        outputs.append(helper.make_tensor_value_info(PROBS, TensorProto.FLOAT, [1, "R"]))
     return inputs, outputs
 
 
@@ -487,6 +492,9 @@ def build_graph(weights: LlamaWeights, opts: BuildOptions):
         best = g.node("ArgMax", [LOGITS], [ARGMAX if opts.argmax else "rows.argmax"], axis=-1, keepdims=0)[0]
     if weights.heads is not None:
         _draft_heads(g, rows, best, weights, opts)
+        g.const("rows.axis_last", np.array([-1], np.int64))
+        softmax = g.node("Softmax", [LOGITS], ["rows.softmax"], axis=-1)[0]
+        g.node("ReduceMax", [softmax, "rows.axis_last"], [PROBS], keepdims=0)
     inputs, outputs = _io(weights, C, opts.argmax)
     graph = helper.make_graph(g.nodes, "decoder", inputs, outputs, initializer=g.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)],
