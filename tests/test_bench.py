@@ -29,3 +29,24 @@ def test_end_to_end_rounds_are_summarised_by_their_median_and_range():
     m = _median_run(runs)
     assert (m["p50_ms"], m["p50_ms_min"], m["p50_ms_max"]) == (10.0, 8.0, 30.0)  # one slow round does not move it
     assert m["p99_ms"] == 20.0 and m["sources"] == {"fast": 50} and m["decisions"] == 50
+
+
+def test_speculative_rows_are_also_timed_alone_and_peers_are_compared_with_that():
+    from sol_control.bench.decode_bench import run_bench
+    from sol_control.bench.report import vs_best_peer
+
+    rep = run_bench(Bundle.load(FIXTURES / "tiny"), decisions=2, rounds=1, new_tokens=4, threads=1, k=None,
+                    show_progress=False)
+    for r in rep["rows"]:
+        assert (r["solo_decision_ms_p50"] is not None) == r["speculative"], r["name"]
+        assert (r["solo_cold_decision_ms_p50"] is not None) == r["speculative"], r["name"]
+    ours = {"name": "int8 + draft", "speculative": True, "decision_ms_p50": 6.0, "cold_decision_ms_p50": 7.0,
+            "solo_decision_ms_p50": 4.0, "solo_cold_decision_ms_p50": 5.0}
+    other = {**ours, "name": "int4 + draft", "decision_ms_p50": 5.0, "solo_decision_ms_p50": 4.5}
+    peer = {"engine": "ort-genai", "mode": "plain", "precision": "int4", "decision_ms_p50": 6.0}
+    got = vs_best_peer({"rows": [ours, other]}, [peer, {**peer, "decision_ms_p50": 8.0}])
+    assert got["vs_best_peer"] == 1.5 and got["vs_best_peer_cold"] == 1.2  # the solo figures of the faster solo row
+    assert got["ours_vs_peer"]["name"] == "int8 + draft" and got["ours_vs_peer"]["timed"] == "solo"
+    interleaved = {k: v for k, v in ours.items() if not k.startswith("solo_")}
+    got = vs_best_peer({"rows": [interleaved]}, [peer], "_qc")
+    assert got["vs_best_peer_qc"] == 1.0 and got["ours_vs_peer_qc"]["timed"] == "interleaved"

@@ -11,6 +11,12 @@ computed again; everything that depends on the frame is. Cold: the cache is empt
 peer without cross-frame caches pays). `decision_ms_*` are warm; `cold_decision_ms_p50` beside
 them. Tokens/s are from the warm runs. CPU time per decision (the decoding thread, ONNX Runtime's
 included at 1 intra-op thread) and joules (sol_control.energy) come with every row.
+
+Solo: after the interleaved rounds, each speculative row runs the same decisions again on its own
+(`solo_decision_ms_p50`, `solo_cold_decision_ms_p50`), as a deployment runs one configuration and
+as a peer engine's worker times its rows one after another. Interleaving seven configurations
+decision by decision evicts each one's weights from the CPU caches (grasp int8 + heads: ~6.1 ms a
+decision interleaved, ~4.9 ms solo on the AVX2 host); comparisons with peers use the solo figures.
 """
 from __future__ import annotations
 
@@ -60,6 +66,8 @@ class Row:
     controller: AdaptiveK | None = None
     decision_ms: list[float] = field(default_factory=list)  # warm
     cold_ms: list[float] = field(default_factory=list)
+    solo_ms: list[float] = field(default_factory=list)  # warm, this row alone (speculative rows)
+    solo_cold_ms: list[float] = field(default_factory=list)
     decode_tok_s: list[float] = field(default_factory=list)  # per round: tokens after the first / decode time
     e2e_tok_s: list[float] = field(default_factory=list)  # per round: all new tokens / total wall time
     ttft_ms: list[float] = field(default_factory=list)
@@ -92,6 +100,8 @@ class Row:
             "name": self.name, "precision": self.precision, "speculative": self.speculative, "mode": self.mode,
             "decision_ms_p50": pct(self.decision_ms, 50), "decision_ms_p99": pct(self.decision_ms, 99),
             "cold_decision_ms_p50": pct(self.cold_ms, 50),
+            "solo_decision_ms_p50": pct(self.solo_ms, 50) if self.solo_ms else None,
+            "solo_cold_decision_ms_p50": pct(self.solo_cold_ms, 50) if self.solo_cold_ms else None,
             "decode_tokens_per_s": pct(self.decode_tok_s, 50),
             "decode_tokens_per_s_min": min(self.decode_tok_s), "decode_tokens_per_s_max": max(self.decode_tok_s),
             "tokens_per_s": pct(self.e2e_tok_s, 50),
@@ -177,6 +187,9 @@ def run_bench(bundle: Bundle, decisions: int, rounds: int, new_tokens: int, thre
             tok, ms, dtok, dms = per_round[r.name]
             r.e2e_tok_s.append(tok / ms * 1e3)
             r.decode_tok_s.append(dtok / dms * 1e3 if dms > 0 else float("nan"))
+    for r in rows:
+        if r.speculative:
+            _solo(r, prefixes, new_tokens, k, rounds)
     if show_progress:
         progress("", end="\n")
     meter.update()
@@ -184,6 +197,15 @@ def run_bench(bundle: Bundle, decisions: int, rounds: int, new_tokens: int, thre
     out_rows = [r.summary(rows[0].outputs, plain[r.precision], meter) for r in rows]
     return _report(bundle, out_rows, {r.precision: r.target for r in rows}, new_tokens, len(prefixes), rounds,
                    threads)
+
+
+def _solo(r: Row, prefixes, new_tokens: int, k, rounds: int) -> None:
+    """Time row `r` alone on the same decisions: cold, then warm (frame after frame), per round."""
+    for _ in range(rounds):
+        for prefix in prefixes:
+            r.solo_cold_ms.append(r.decode(prefix, new_tokens, k, cold=True).stats.wall_ms)
+        for prefix in prefixes:
+            r.solo_ms.append(r.decode(prefix, new_tokens, k, cold=False).stats.wall_ms)
 
 
 def _record(r: Row, res, acc: list, first_round: bool) -> None:
