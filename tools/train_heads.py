@@ -24,6 +24,7 @@ Two ways to train them:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import sys
@@ -169,6 +170,16 @@ def build_heads(task: str, bundle_dir: Path, work: Path, k: int, steps: int, n_t
     return fit_heads(task, target_from_bundle(bundle_dir, work), work, k, steps, n_train, lr, batch, keep)
 
 
+def target_tag(target) -> str:
+    """12 hex digits of sha256 over the target's weights: greedy labels cached under this tag are
+    never reused for a retrained target."""
+    h = hashlib.sha256()
+    for name, tensor in sorted(target.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().numpy().tobytes())
+    return h.hexdigest()[:12]
+
+
 def fit_heads(task: str, target, work: Path, k: int, steps: int, n_train: int = 16000, lr: float = 3e-3,
               batch: int = 512, keep=None) -> dict:
     """K heads on a frozen transformers `target`, labelled with its own greedy continuations of the
@@ -179,10 +190,11 @@ def fit_heads(task: str, target, work: Path, k: int, steps: int, n_train: int = 
     if first > k:
         raise ValueError(f"asked for {k} heads, the bundle already has {first - 1}")
     lm_head = target.lm_head.weight.detach().numpy()[lo:hi].astype(np.float32)  # [n_out, H]
+    tag = target_tag(target)
     examples = {}
     for split, n in (("train", n_train), ("test", 512)):
         prefix = T.build_split(task, split, n)["prefix"]
-        cache = work / f"heads_greedy_{split}_{len(prefix)}.npy"
+        cache = work / f"heads_greedy_{split}_{len(prefix)}_{tag}.npy"
         if not cache.exists():
             np.save(cache, T.greedy_batch(target, prefix, len(T.layout(task)["actions"])))
         acts = np.load(cache, allow_pickle=False)
