@@ -40,6 +40,7 @@ def test_speculative_rows_are_also_timed_alone_and_peers_are_compared_with_that(
     for r in rep["rows"]:
         assert (r["solo_decision_ms_p50"] is not None) == r["speculative"], r["name"]
         assert (r["solo_cold_decision_ms_p50"] is not None) == r["speculative"], r["name"]
+        assert (r["solo_paced_decision_ms_p50"] is not None) == r["speculative"], r["name"]
     ours = {"name": "int8 + draft", "speculative": True, "decision_ms_p50": 6.0, "cold_decision_ms_p50": 7.0,
             "solo_decision_ms_p50": 4.0, "solo_cold_decision_ms_p50": 5.0}
     other = {**ours, "name": "int4 + draft", "decision_ms_p50": 5.0, "solo_decision_ms_p50": 4.5}
@@ -50,3 +51,18 @@ def test_speculative_rows_are_also_timed_alone_and_peers_are_compared_with_that(
     interleaved = {k: v for k, v in ours.items() if not k.startswith("solo_")}
     got = vs_best_peer({"rows": [interleaved]}, [peer], "_qc")
     assert got["vs_best_peer_qc"] == 1.0 and got["ours_vs_peer_qc"]["timed"] == "interleaved"
+
+
+def test_the_node_fast_path_is_compared_with_its_solo_and_paced_decisions():
+    from sol_control.bench.report import markdown, node_fast_path
+
+    row = {"name": "int8 + heads", "solo_decision_ms_p50": 1.0, "solo_paced_decision_ms_p50": 2.5}
+    decode = {"grasp": {"rows": [{"name": "int4 + heads", "solo_decision_ms_p50": 0.5}, row]},
+              "qc": {"rows": [row]}}
+    e2e = {"grasp": {"ultrafast": {"fast_path_p50_ms": 3.0}}, "qc": {"ultrafast": {"fast_path_p50_ms": float("nan")}}}
+    got = node_fast_path(decode, e2e)
+    assert set(got) == {"grasp"}  # qc: no fast-path figure from the node, so no ratio
+    assert got["grasp"]["vs_solo"] == 3.0 and got["grasp"]["vs_paced"] == 1.2
+    text = markdown({"machine": {"cpu": "x", "cores": 2, "onnxruntime": "1", "date": "d"}, "command": "c",
+                     "node_fast_path": got})
+    assert "3.00x its decision alone" in text and "1.20x alone at 30 Hz" in text

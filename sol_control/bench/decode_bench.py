@@ -17,6 +17,13 @@ Solo: after the interleaved rounds, each speculative row runs the same decisions
 as a peer engine's worker times its rows one after another. Interleaving seven configurations
 decision by decision evicts each one's weights from the CPU caches (grasp int8 + heads: ~6.1 ms a
 decision interleaved, ~4.9 ms solo on the AVX2 host); comparisons with peers use the solo figures.
+
+Paced (`solo_paced_decision_ms_p50`): the same row, warm, one decision every 1/30 s with the thread
+asleep in between, as the node meets its camera frames. On a shared or virtualised host the CPU's
+caches do not survive the sleep: on the AVX-512 host of docs/BENCHMARKS.md ("A decision after an
+idle frame") a grasp int8 + heads decision took 1.1-1.3 ms back to back and 3.0-3.3 ms after 10-30
+ms asleep, its first ONNX Runtime call 0.9 ms instead of 0.28. That, not the node, is most of the
+fast path's gap between the node and the solo figure.
 """
 from __future__ import annotations
 
@@ -32,6 +39,9 @@ from ..bundle import Bundle
 from ..decoding import AdaptiveK, greedy, open_decoder, speculate, speculate_heads
 from ..energy import EnergyMeter, energy_row
 from .common import default_bundle, memory_bandwidth_gbs, pct, progress, table
+
+PACE_S = 1 / 30  # paced solo timing: one decision per camera frame at 30 Hz, asleep in between
+PACED_DECISIONS = 20  # per round (each costs a frame period of wall time)
 
 # (row name, target precision, how it drafts)
 CONFIGS = [
@@ -68,6 +78,7 @@ class Row:
     cold_ms: list[float] = field(default_factory=list)
     solo_ms: list[float] = field(default_factory=list)  # warm, this row alone (speculative rows)
     solo_cold_ms: list[float] = field(default_factory=list)
+    solo_paced_ms: list[float] = field(default_factory=list)  # warm, alone, one decision per PACE_S
     decode_tok_s: list[float] = field(default_factory=list)  # per round: tokens after the first / decode time
     e2e_tok_s: list[float] = field(default_factory=list)  # per round: all new tokens / total wall time
     ttft_ms: list[float] = field(default_factory=list)
@@ -102,6 +113,7 @@ class Row:
             "cold_decision_ms_p50": pct(self.cold_ms, 50),
             "solo_decision_ms_p50": pct(self.solo_ms, 50) if self.solo_ms else None,
             "solo_cold_decision_ms_p50": pct(self.solo_cold_ms, 50) if self.solo_cold_ms else None,
+            "solo_paced_decision_ms_p50": pct(self.solo_paced_ms, 50) if self.solo_paced_ms else None,
             "decode_tokens_per_s": pct(self.decode_tok_s, 50),
             "decode_tokens_per_s_min": min(self.decode_tok_s), "decode_tokens_per_s_max": max(self.decode_tok_s),
             "tokens_per_s": pct(self.e2e_tok_s, 50),
@@ -200,12 +212,16 @@ def run_bench(bundle: Bundle, decisions: int, rounds: int, new_tokens: int, thre
 
 
 def _solo(r: Row, prefixes, new_tokens: int, k, rounds: int) -> None:
-    """Time row `r` alone on the same decisions: cold, then warm (frame after frame), per round."""
+    """Time row `r` alone on the same decisions, per round: cold, warm (frame after frame), and
+    warm with the thread asleep for a frame period (PACE_S) before each decision."""
     for _ in range(rounds):
         for prefix in prefixes:
             r.solo_cold_ms.append(r.decode(prefix, new_tokens, k, cold=True).stats.wall_ms)
         for prefix in prefixes:
             r.solo_ms.append(r.decode(prefix, new_tokens, k, cold=False).stats.wall_ms)
+        for prefix in prefixes[:PACED_DECISIONS]:
+            time.sleep(PACE_S)
+            r.solo_paced_ms.append(r.decode(prefix, new_tokens, k, cold=False).stats.wall_ms)
 
 
 def _record(r: Row, res, acc: list, first_round: bool) -> None:
@@ -274,6 +290,11 @@ def print_report(rep: dict) -> None:
           f"{rep['new_tokens']} tokens each, {rep['threads']} thread(s); ms/decision warm (static prefix kept, "
           f"as in the node), cold = empty cache")
     print(table(head, body))
+    for r in rep["rows"]:
+        if r["solo_decision_ms_p50"] is not None:
+            print(f"{r['name']} alone: {r['solo_decision_ms_p50']:.2f} ms warm, {r['solo_cold_decision_ms_p50']:.2f} ms "
+                  f"cold, {r['solo_paced_decision_ms_p50']:.2f} ms paced (one decision every "
+                  f"{1e3 * PACE_S:.0f} ms, asleep between)")
     ra = rep["ratios"]
     print(f"speculative vs plain (same target): {ra['speculative_vs_plain']:.2f}x   "
           f"ultrafast ({rep['ultrafast']}) vs standard: {ra['ultrafast_vs_standard']:.2f}x decode tok/s, "

@@ -239,7 +239,9 @@ def _median_run(runs: list[dict]) -> dict:
     sources: Counter[str] = Counter()
     for r in runs:
         sources.update(r["sources"])
+    fast = [r["breakdown_ms"]["fast"]["p50"] for r in runs if "breakdown_ms" in r]
     return {"p50_ms": pct(p50, 50), "p50_ms_min": min(p50), "p50_ms_max": max(p50),
+            "fast_path_p50_ms": _finite_pct(fast, 50),
             "p99_ms": pct(p99, 50), "p99_ms_min": min(p99), "p99_ms_max": max(p99),
             "hit_rate": pct([r["hit_rate"] for r in runs], 50), "sources": dict(sources),
             "decisions": sum(r["decisions_received"] for r in runs)}

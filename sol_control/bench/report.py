@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import subprocess
@@ -184,6 +185,8 @@ def run(args: argparse.Namespace) -> int:
         summary["e2e"] = _e2e(args)
         if summary["e2e"]:
             summary["ultrafast_vs_standard_e2e"] = summary["e2e"].get("ratio_p50")
+    if decode and summary.get("e2e"):
+        summary["node_fast_path"] = node_fast_path(decode, summary["e2e"])
     if "peers" not in args.skip:
         summary["peers"] = {name: _peers(args, b) for name, b in bundles.items()}
         for name, suffix in (("grasp", ""), ("qc", "_qc")):
@@ -224,6 +227,23 @@ def vs_best_peer(decode: dict | None, peer_rows: list[dict], suffix: str = "") -
             f"best_peer{suffix}": {k: best[k] for k in ("engine", "mode", "precision", "decision_ms_p50")},
             f"ours_vs_peer{suffix}": {"name": ours["name"], **{k: ms(ours, k) for k in keys},
                                       "timed": "solo" if ours.get("solo_decision_ms_p50") else "interleaved"}}
+
+
+def node_fast_path(decode: dict, e2e: dict) -> dict:
+    """Per task: the node's fast path (p50 over the ultrafast rounds of `bench node`) over the same
+    configuration's decode-bench decision alone, back to back (`vs_solo`) and paced at the camera
+    rate with the thread asleep between frames (`vs_paced`, the decode bench's docstring says why).
+    The node runs int8 + heads by default (`decoding.fast_precision`)."""
+    out = {}
+    for task, rep in decode.items():
+        row = next((r for r in rep["rows"] if r["name"] == "int8 + heads"), None)
+        in_node = e2e.get(task, {}).get("ultrafast", {}).get("fast_path_p50_ms")
+        if row is None or not row.get("solo_decision_ms_p50") or not math.isfinite(in_node or math.nan):
+            continue
+        solo, paced = row["solo_decision_ms_p50"], row["solo_paced_decision_ms_p50"]
+        out[task] = {"row": row["name"], "in_node_ms": in_node, "solo_ms": solo, "paced_ms": paced,
+                     "vs_solo": in_node / solo, "vs_paced": in_node / paced}
+    return out
 
 
 def _e2e(args) -> dict:
@@ -289,6 +309,12 @@ def _md_e2e(s: dict) -> list[str]:
                              if name == "ultrafast" else ""])
         if body:
             lines += ["```", table(head, body), "```"]
+        lines.append("")
+    for task, f in s.get("node_fast_path", {}).items():
+        lines.append(f"- {task} fast path ({f['row']}) in the node {f['in_node_ms']:.2f} ms p50: "
+                     f"{f['vs_solo']:.2f}x its decision alone back to back ({f['solo_ms']:.2f} ms), "
+                     f"{f['vs_paced']:.2f}x alone at 30 Hz, asleep between frames ({f['paced_ms']:.2f} ms)")
+    if s.get("node_fast_path"):
         lines.append("")
     return lines
 
