@@ -273,6 +273,8 @@ def test_diagnostics_report_latency_rejections_and_deadline_misses(h):
     node = by_name["sol_control: node"]
     assert node["state"] == "active" and int(node["rejected.stale"]) > stale
     assert int(node["rejected_inputs"]) >= int(node["rejected.stale"])
+    assert int(node["gc.frozen_objects"]) > 10_000  # gc_freeze (default) froze the start-up heap at activation
+    assert all(f"gc.gen{g}.pause_max_ms" in node for g in (0, 1, 2))
     assert wait_for(lambda: h.node.stats.offered_deadline_missed > 0, 3.0)
 
 

@@ -16,6 +16,7 @@ decides is there: a dead or inactive node has none. cleanup/shutdown release ses
 """
 from __future__ import annotations
 
+import gc
 import time
 from typing import Any
 
@@ -30,6 +31,7 @@ from sol_control import priority
 from sol_control.config import NODE_NAME, STRUCTURAL, NodeConfig, from_flat
 from sol_control.decision import Decision
 from sol_control.energy import EnergyMeter
+from sol_control.gc_pauses import GcPauses, freeze_heap
 from sol_control.ros import convert, qos
 from sol_control.ros.diagnostics import NodeStats
 from sol_control.ros.outputs import DecisionOutputs
@@ -51,6 +53,7 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
         LifecycleNode.__init__(self, node_name, **kwargs)
         self.stats = NodeStats()
         self.startup = Startup()  # process age at each start-up stage (main() marks the first ones)
+        self.gc_pauses = GcPauses()  # collections while active, on /diagnostics
         self.cop = None
         self.config_error = ""
         self._state = "unconfigured"
@@ -135,6 +138,9 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
         # that decides is (no longer) there
         self.outputs.create(self.cfg, self.cop.tasks)
         result = super().on_activate(state)  # activates the lifecycle publishers
+        if self.cfg.gc_freeze:
+            self.get_logger().info(f"gc: {freeze_heap()} objects from start-up frozen (gc.freeze)")
+        self.gc_pauses.install()
         # one runner per task: in mode both, QC and grasp decide the same frame in parallel, each
         # with its own budget from the stamp, instead of grasp getting what QC leaves
         for runner in self.runners.values():
@@ -148,6 +154,7 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
 
     def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
         self._stop_runners()
+        self._thaw()
         self.outputs.destroy()
         self._state = "inactive"
         return super().on_deactivate(state)
@@ -175,8 +182,15 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
         for runner in self.runners.values():
             runner.stop()
 
+    def _thaw(self) -> None:
+        """Undo activation's gc work: what a cleanup releases must be collectable again."""
+        self.gc_pauses.uninstall()
+        if self.cfg.gc_freeze:
+            gc.unfreeze()
+
     def _release(self) -> None:
         self._stop_runners()
+        self._thaw()
         self.runners = {}
         if self._side_timer is not None:
             self.destroy_timer(self._side_timer)
@@ -276,7 +290,8 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
         self.energy.update()
         msg = self.stats.to_msg(self.get_clock().now().to_msg(), self._state, err, extra,
                                 sum(r.frames.superseded for r in self.runners.values()), self.energy,
-                                self.get_namespace().strip("/"), self.startup.key_values())
+                                self.get_namespace().strip("/"),
+                                {**self.startup.key_values(), **self.gc_pauses.key_values()})
         self._diag_pub.publish(msg)
 
     def _log_limited(self, key: str, text: str) -> None:
