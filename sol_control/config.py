@@ -205,9 +205,6 @@ class NodeConfig(Strict):
                                   "sched_autogroup is in effect (it ranks sessions first); below 0 needs "
                                   "CAP_SYS_NICE, 0 = leave as is")
     autostart: bool = Field(True, description="configure and activate at start (no lifecycle manager needed)")
-    gc_freeze: bool = Field(True, description="at activation, collect once and freeze every live Python object "
-                                              "(gc.freeze): later collections skip what start-up made (a full "
-                                              "collection of it took ~22 ms); undone at deactivation")
     audit_rate: float = Field(0.05, ge=0.0, le=1.0,
                               description="fraction of fast decisions recomputed at full precision in the background")
     deadline: DeadlineConfig = DeadlineConfig()

@@ -1,14 +1,12 @@
-"""Python's garbage collector in a real-time loop: freeze what start-up made, time every pause.
+"""What Python's garbage collector costs while the node decides: every pause, timed.
 
-A full (generation 2) collection walks every object the interpreter tracks. In the node that is
-~56,000 objects after the imports alone (rclpy, ONNX Runtime, OpenCV, our modules): one such
-collection took 22 ms on the AVX-512 host of docs/BENCHMARKS.md, longer than a QC deadline, and
-CPython starts one whenever enough objects have survived two younger collections, at a moment
-nobody chooses. `freeze_heap()` collects once and moves everything alive into the permanent
-generation (`gc.freeze`), so later collections walk only what the decisions allocate since.
-
-`GcPauses` times every collection through `gc.callbacks` (count, total and longest pause per
-generation), so /diagnostics shows what the collector costs while the node decides.
+A full (generation 2) collection walks every object the interpreter tracks: ~56,000 in the node
+after its imports (rclpy, ONNX Runtime, OpenCV, our modules), 22 ms for one forced collection on
+the AVX-512 host of docs/BENCHMARKS.md, longer than a QC deadline. CPython starts one when enough
+objects have survived younger collections; the decision loop allocates few that survive (1,500 QC
+decisions with perception: 6 generation-0 collections, 1 of generation 1, none of generation 2), so
+the node does not freeze or tune the collector, but it shows what it costs: `GcPauses` times every
+collection through `gc.callbacks` (count, total and longest pause per generation) for /diagnostics.
 """
 from __future__ import annotations
 
@@ -18,13 +16,6 @@ import time
 from typing import Callable
 
 GENERATIONS = (0, 1, 2)
-
-
-def freeze_heap() -> int:
-    """Collect everything once, then freeze what is alive; returns how many objects are frozen."""
-    gc.collect()
-    gc.freeze()
-    return gc.get_freeze_count()
 
 
 class GcPauses:
@@ -61,10 +52,9 @@ class GcPauses:
             self.max_ms[generation] = max(self.max_ms[generation], ms)
 
     def key_values(self) -> dict[str, str]:
-        """For /diagnostics: `gc.gen<g>.collections`, `.pause_total_ms`, `.pause_max_ms`, and the
-        frozen object count."""
+        """For /diagnostics: `gc.gen<g>.collections`, `.pause_total_ms`, `.pause_max_ms`."""
         with self._lock:
-            kv = {"gc.frozen_objects": str(gc.get_freeze_count())}
+            kv = {}
             for g in GENERATIONS:
                 kv[f"gc.gen{g}.collections"] = str(self.count[g])
                 kv[f"gc.gen{g}.pause_total_ms"] = f"{self.total_ms[g]:.3f}"

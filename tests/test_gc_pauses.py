@@ -1,9 +1,9 @@
-"""The collector's pauses timed per generation, and the start-up heap frozen (sol_control.gc_pauses)."""
+"""The collector's pauses, timed per generation (sol_control.gc_pauses)."""
 from __future__ import annotations
 
 import gc
 
-from sol_control.gc_pauses import GcPauses, freeze_heap
+from sol_control.gc_pauses import GcPauses
 
 
 class StepClock:
@@ -38,15 +38,3 @@ def test_the_longest_pause_is_kept():
     for ms in (0.5, 22.0, 1.0):
         pauses.record(2, ms)
     assert pauses.count[2] == 3 and pauses.max_ms[2] == 22.0 and pauses.total_ms[2] == 23.5
-
-
-def test_a_frozen_heap_is_left_out_of_later_collections():
-    alive = [object()]
-    assert any(o is alive for o in gc.get_objects())
-    try:
-        frozen = freeze_heap()
-        assert frozen == gc.get_freeze_count() and frozen > 1000  # this interpreter's modules at least
-        assert not any(o is alive for o in gc.get_objects())  # the permanent generation is not walked
-    finally:
-        gc.unfreeze()
-    assert gc.get_freeze_count() == 0 and any(o is alive for o in gc.get_objects())

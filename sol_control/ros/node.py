@@ -16,7 +16,6 @@ decides is there: a dead or inactive node has none. cleanup/shutdown release ses
 """
 from __future__ import annotations
 
-import gc
 import time
 from typing import Any
 
@@ -31,7 +30,7 @@ from sol_control import priority
 from sol_control.config import NODE_NAME, STRUCTURAL, NodeConfig, from_flat
 from sol_control.decision import Decision
 from sol_control.energy import EnergyMeter
-from sol_control.gc_pauses import GcPauses, freeze_heap
+from sol_control.gc_pauses import GcPauses
 from sol_control.ros import convert, qos
 from sol_control.ros.diagnostics import NodeStats
 from sol_control.ros.outputs import DecisionOutputs
@@ -138,8 +137,6 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
         # that decides is (no longer) there
         self.outputs.create(self.cfg, self.cop.tasks)
         result = super().on_activate(state)  # activates the lifecycle publishers
-        if self.cfg.gc_freeze:
-            self.get_logger().info(f"gc: {freeze_heap()} objects from start-up frozen (gc.freeze)")
         self.gc_pauses.install()
         # one runner per task: in mode both, QC and grasp decide the same frame in parallel, each
         # with its own budget from the stamp, instead of grasp getting what QC leaves
@@ -154,7 +151,7 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
 
     def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
         self._stop_runners()
-        self._thaw()
+        self.gc_pauses.uninstall()
         self.outputs.destroy()
         self._state = "inactive"
         return super().on_deactivate(state)
@@ -182,15 +179,9 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
         for runner in self.runners.values():
             runner.stop()
 
-    def _thaw(self) -> None:
-        """Undo activation's gc work: what a cleanup releases must be collectable again."""
-        self.gc_pauses.uninstall()
-        if self.cfg.gc_freeze:
-            gc.unfreeze()
-
     def _release(self) -> None:
         self._stop_runners()
-        self._thaw()
+        self.gc_pauses.uninstall()
         self.runners = {}
         if self._side_timer is not None:
             self.destroy_timer(self._side_timer)
