@@ -287,11 +287,13 @@ def _block_sums(g: _Writer, x: str, k_blocks: int, block: int) -> str:
 
 def rotary_tables(head_dim: int, theta: float, positions: int) -> tuple[np.ndarray, np.ndarray]:
     """cos, sin [positions, head_dim / 2] float32 of the angles transformers' Llama computes (float32).
-    The cos and sin themselves are taken in float64 and rounded once: numpy's float32 cos/sin
-    differ in the last bit between SIMD paths (AVX2 vs AVX-512), which made the graph's bytes
-    depend on the CPU that built it."""
-    inv_freq = (1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / head_dim))
-                ).astype(np.float32)
+    Nothing here may depend on numpy's SIMD paths, whose float32 pow/cos/sin differ in the last bit
+    between AVX2 and AVX-512 (SVML) and made the graph's bytes depend on the CPU that built it: the
+    powers theta^(2i/d) come from the C library's double pow, rounded once to float32; the cos and
+    sin are taken in float64 and rounded once."""
+    exponents = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / head_dim
+    powers = np.array([float(theta) ** float(e) for e in exponents], np.float64).astype(np.float32)
+    inv_freq = (np.float32(1.0) / powers).astype(np.float32)
     freqs = (np.arange(positions, dtype=np.float32)[:, None] * inv_freq[None, :]).astype(np.float64)  # [C, D/2]
     return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
 
