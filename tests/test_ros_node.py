@@ -13,7 +13,7 @@ import pytest
 
 from tests.ros_helpers import Harness, bundle_params, now_ns, run_publisher, wait_for
 
-DOMAIN_QC, DOMAIN_GRASP, DOMAIN_LIFECYCLE = 21, 22, 23
+DOMAIN_QC, DOMAIN_GRASP, DOMAIN_LIFECYCLE, DOMAIN_SIM_TIME = 21, 22, 23, 24
 BUNDLES = bundle_params()
 assert BUNDLES is not None, "the shipped bundles models/qc and models/grasp are part of the repository"
 
@@ -285,6 +285,22 @@ def test_diagnostics_report_latency_rejections_and_deadline_misses(h):
                     > gc_before, 3.0)
     assert all(f"gc.gen{g}.pause_max_ms" in node for g in (0, 1, 2))
     assert wait_for(lambda: h.node.stats.offered_deadline_missed > 0, 3.0)
+
+
+def test_under_sim_time_a_frame_before_the_first_clock_is_decided():
+    """A node respawned under sim time may get its first frame before the first /clock: its clock
+    then reads 0, and the frame (stamped seconds into the simulation) is not "from the future"."""
+    st = Harness(DOMAIN_SIM_TIME, {**(BUNDLES or {}), **BASE, "mode": "qc", "use_sim_time": True})
+    try:
+        assert st.wait_connected()
+        assert st.node.get_clock().now().nanoseconds == 0  # nobody publishes /clock here
+        stamp = 3_000_000_000
+        publish_good(st, 0, stamp)
+        assert wait_for(lambda: any(kv(m)["stamp"] == str(stamp) for m in st.messages("qc")), 10.0), \
+            dict(st.node.stats.rejected)
+        assert st.node.stats.rejected_count() == 0
+    finally:
+        st.close()
 
 
 # -- grasp ----------------------------------------------------------------------------------------
