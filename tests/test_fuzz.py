@@ -89,7 +89,7 @@ def test_budget_start_refuses_bad_stamps(stamp, age_ms, last, reason):
     from sol_control.telemetry import InputRejected
 
     with pytest.raises(InputRejected) as e:
-        budget_start_ns(stamp, int(age_ms * MS), 10**12, last, 20.0, 100.0)
+        budget_start_ns(stamp, stamp + int(age_ms * MS), 10**12, last, 20.0, 100.0)
     assert e.value.reason == reason
 
 
@@ -97,11 +97,13 @@ def test_budget_starts_at_the_stamp_or_at_the_send_when_transport_took_longer():
     from sol_control.ros.convert import budget_start_ns
 
     recv = 10**12
-    assert budget_start_ns(7 * MS, 3 * MS, recv, 6 * MS, 20.0, 100.0) == recv - 3 * MS
+    assert budget_start_ns(7 * MS, 10 * MS, recv, 6 * MS, 20.0, 100.0) == recv - 3 * MS
     # sim time: the host clock barely moved, DDS says the frame was sent 8 ms ago
-    assert budget_start_ns(7 * MS, 0, recv, 0, 20.0, 100.0, transport_ns=8 * MS) == recv - 8 * MS
+    assert budget_start_ns(7 * MS, 7 * MS, recv, 0, 20.0, 100.0, transport_ns=8 * MS) == recv - 8 * MS
     # a stamp slightly ahead (within max_future_ms) starts the budget at receipt
-    assert budget_start_ns(7 * MS, -2 * MS, recv, 0, 20.0, 100.0) == recv
+    assert budget_start_ns(7 * MS, 5 * MS, recv, 0, 20.0, 100.0) == recv
+    # sim time before the first /clock (the clock reads 0): a stamp seconds in is not "future"
+    assert budget_start_ns(3000 * MS, 0, recv, 0, 20.0, 100.0, transport_ns=2 * MS) == recv - 2 * MS
 
 
 @FAST

@@ -38,7 +38,6 @@ VARIANTS = {  # name -> (requantize the Q4_1 blocks, build options, with the shi
     "q4_1_heads8k": (False, {**FAST, "heads_vocab": 8192}, True),  # ... over its first 8192 rows (the import's)
     "q4_1_head8nbits": (False, {**FAST, "int8_kernel": "nbits"}, False),  # 8-bit head as MatMulNBits blocks (Q8_0's form)
     "q4_1_exact": (False, {"accuracy_level": 0, "head_bits": None, "int4_zero_points": "mins"}, False),  # --int4-mode exact
-    "q4_1_acc0_head8": (False, {**FAST, "accuracy_level": 0}, False),  # fp32 activations into the Q4_1 body, 8-bit head
     "q4_1_head4": (False, {"int4_zero_points": "mins", "head_bits": 4, "symmetric": True}, False),
     "symmetric": (True, {"head_bits": 4, "symmetric": True}, False),  # --int4-mode symmetric
     "symmetric_nopad": (True, {"head_bits": 4, "symmetric": True, "query_pad": False}, False),

@@ -238,7 +238,7 @@ def node_fast_path(decode: dict, e2e: dict) -> dict:
     for task, rep in decode.items():
         row = next((r for r in rep["rows"] if r["name"] == "int8 + heads"), None)
         in_node = e2e.get(task, {}).get("ultrafast", {}).get("fast_path_p50_ms")
-        if row is None or not row.get("solo_decision_ms_p50") or not math.isfinite(in_node or math.nan):
+        if row is None or not row.get("solo_decision_ms_p50") or in_node is None or not math.isfinite(in_node):
             continue
         solo, paced = row["solo_decision_ms_p50"], row["solo_paced_decision_ms_p50"]
         out[task] = {"row": row["name"], "in_node_ms": in_node, "solo_ms": solo, "paced_ms": paced,

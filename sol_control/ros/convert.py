@@ -40,14 +40,16 @@ def stamp_from_ros(t: Time) -> int:
     return int(t.sec) * NS_PER_S + int(t.nanosec)
 
 
-def budget_start_ns(stamp_ns: int, age_ns: int, recv_mono_ns: int, last_stamp_ns: int, max_future_ms: float,
+def budget_start_ns(stamp_ns: int, now_ns: int, recv_mono_ns: int, last_stamp_ns: int, max_future_ms: float,
                     max_staleness_ms: float, transport_ns: int = 0) -> int:
     """A frame's budget start on the monotonic clock, or InputRejected (zero, future, stale, or not
-    newer than the last admitted stamp). `age_ns` = host clock now minus the header stamp.
+    newer than the last admitted stamp). `now_ns` = the node's clock (ROS time) at receipt.
 
     Under sim time the host clock only moves with /clock, so the DDS transport time (source timestamp
     to now, system clock) is taken as the age when it is larger: a budget never starts after the frame
-    was sent."""
+    was sent. Before the first /clock the clock reads 0 (a respawned node can get a frame first):
+    then the transport time is the only age there is."""
+    age_ns = now_ns - stamp_ns if now_ns else transport_ns
     if stamp_ns == 0:
         raise InputRejected("stamp_zero")
     if age_ns < -max_future_ms * NS_PER_MS:

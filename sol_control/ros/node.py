@@ -212,12 +212,9 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
         try:
             stamp = convert.stamp_from_ros(msg.header.stamp)
             d = self.cfg.deadline
-            now_ns = self.get_clock().now().nanoseconds
-            # under sim time the clock reads 0 until the first /clock arrives (a respawned node's first
-            # frame may come before it): then the DDS transit is the only age there is
-            age_ns = now_ns - stamp if now_ns else transport_ns
-            start = convert.budget_start_ns(stamp, age_ns, recv, self._last_frame_stamp_ns, d.max_future_ms,
-                                            d.max_staleness_ms, transport_ns)
+            start = convert.budget_start_ns(stamp, self.get_clock().now().nanoseconds, recv,
+                                            self._last_frame_stamp_ns, d.max_future_ms, d.max_staleness_ms,
+                                            transport_ns)
             frame = make_frame(stamp, start)
         except InputRejected as e:
             self.reject(e.reason, str(e))
