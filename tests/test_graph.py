@@ -119,9 +119,11 @@ def test_every_shipped_decoder_rebuilds(task, role, tmp_path):
 @pytest.mark.parametrize("task", ["qc", "grasp"])
 def test_the_shipped_fused_graphs_are_what_the_builder_writes(task, tmp_path):
     """Each shipped fused graph rebuilds byte for byte from the bundle's own files (the Optimum fp32
-    target and the heads read back from the fused fp32 graph): the bundles are current with the
-    builder (after a builder change: tools/make_models.py --refresh-graphs)."""
+    target and the heads read back from the fused fp32 graph; int8 calibrated again, on the CPU the
+    test runs on): the bundles are current with the builder (after a builder change:
+    tools/make_models.py --refresh-graphs)."""
     from sol_control.bundle import sha256_file
+    from sol_control.graph.calibrate import bundle_static_int8
     from sol_control.graph.from_onnx import read_heads
 
     bundle = Bundle.load(MODELS / task)
@@ -129,8 +131,11 @@ def test_the_shipped_fused_graphs_are_what_the_builder_writes(task, tmp_path):
     weights = read_decoder(bundle.verify(m.target.files["fp32"]), m.max_context)
     weights.heads = read_heads(bundle.path(m.target.fused["fp32"]))
     assert weights.heads is not None and weights.heads.k == m.target.draft_heads
+    static, record = bundle_static_int8(bundle)  # int8: static activations, calibrated on training scenes
+    assert m.metrics["export"]["int8"] == record
     for precision, name in m.target.fused.items():
-        rebuilt = build_decoder(weights, tmp_path / name, precision)
+        opts = {"int8_activations": "static"} if precision == "int8" else {}
+        rebuilt = build_decoder(static if precision == "int8" else weights, tmp_path / name, precision, **opts)
         assert sha256_file(rebuilt) == m.files[name].sha256, f"{task} {precision}: run make_models --refresh-graphs"
 
 

@@ -78,7 +78,10 @@ Precisions ("fp32", "int4", "int8"): the quantized ones put every linear into `M
   VNNI its cost hardly grows with the rows of a call (a 9-row verify ~1.5x one row on [576 -> 1536],
   where MatMulNBits costs ~8x; on AVX2 a 9-row SmolLM2 verify is ~2.3x), and rows never depend on
   each other, so verify passes equal one-token
-  passes bit for bit. "nbits" = MatMulNBits 8-bit symmetric blocks, as before, also taken when
+  passes bit for bit. `int8_activations` "static" quantizes each linear's input on one calibrated
+  |max| instead (`graph.calibrate`, stored in `LlamaWeights.activation_amax`): one QuantizeLinear
+  an input instead of five nodes (grasp int8 + heads: 165 -> 105 nodes, ~25 % less a decision on
+  AVX-512), rows still independent. "nbits" = MatMulNBits 8-bit symmetric blocks, as before, also taken when
   `accuracy_level` < 4 asks for fp32 activations. An 8-bit lm_head follows the same rule (int4
   graphs too).
 A tied lm_head (= embed_tokens) is quantized like any other head; the embedding lookup then reads
@@ -99,6 +102,7 @@ from .weights import LlamaWeights
 LAYOUT = "sol_control.fused/2"
 PRECISIONS = ("fp32", "int4", "int8")
 INT8_KERNELS = ("integer", "nbits")
+INT8_ACTIVATIONS = ("rows", "dual", "static")
 ROW_LEVELS = 64  # int8 activation rows: round(64 x / |row max|) + 64, uint8 in [0, 128] (docstring)
 INPUT_IDS, SEQLENS_K, TOTAL_LEN, GUESSES, LOGITS, ARGMAX, HEAD_IDS, ACCEPTED, PROBS = (
     "input_ids", "seqlens_k", "total_sequence_length", "guesses", "logits", "argmax", "head_ids", "accepted",
@@ -127,7 +131,7 @@ class BuildOptions:
     int4_zero_points: str = "float"  # given Int4Blocks: "float" zero points or "mins" (module docstring)
     int8_kernel: str = "integer"  # int8 linears: "integer" (MatMulIntegerToFloat, rows) or "nbits" (module docstring)
     heads_int8: bool = True  # quantized graphs: the draft heads' weights in int8 too (integer kernel only)
-    int8_activations: str = "rows"  # integer int8 linears: "rows" (8 bits a row) or "dual" (+ residuals, ~15 bits)
+    int8_activations: str = "rows"  # integer int8 linears: "rows", "dual" or "static" (module docstring)
     heads_vocab: int | None = None  # heads on the lm_head guess among tokens [0, n) only (module docstring)
 
     def __post_init__(self) -> None:
@@ -141,8 +145,8 @@ class BuildOptions:
             raise ValueError(f"head_bits must be 4, 8 or None (fp32), got {self.head_bits}")
         if self.int4_zero_points not in ("float", "mins"):
             raise ValueError(f"int4_zero_points must be 'float' or 'mins', got {self.int4_zero_points!r}")
-        if self.int8_activations not in ("rows", "dual"):
-            raise ValueError(f"int8_activations must be 'rows' or 'dual', got {self.int8_activations!r}")
+        if self.int8_activations not in INT8_ACTIVATIONS:
+            raise ValueError(f"int8_activations must be one of {INT8_ACTIVATIONS}, got {self.int8_activations!r}")
         if self.int8_kernel not in INT8_KERNELS:
             raise ValueError(f"int8_kernel must be one of {INT8_KERNELS}, got {self.int8_kernel!r}")
         if self.heads_vocab is not None and self.heads_vocab < 1:
@@ -171,7 +175,8 @@ class _Writer:
     def __init__(self):
         self.nodes, self.inits, self.const_names = [], [], set()
         self.block_sums: dict[tuple[str, int], str] = {}  # (input, block) -> its block sums, shared
-        self.row_quant: dict[tuple[str, bool], tuple[str, str]] = {}  # (input, dual) -> (uint8 rows, |max|), shared
+        self.row_quant: dict[tuple[str, str], tuple[str, str]] = {}  # (input, mode) -> (uint8 rows, |max|), shared
+        self.activation_amax: dict[str, float] = {}  # static int8 activations: input -> calibrated |max|
 
     def const(self, name: str, array: np.ndarray) -> str:
         """An initializer; a name written before is that one (the heads reuse the lm_head's)."""
@@ -212,7 +217,7 @@ def _linear(g: _Writer, x: str, out: str, names: list[str], weights: LlamaWeight
         return g.node("MatMul", [x, g.const(f"{key}.T", w.T)], [out])[0]
     if bits == 8 and opts.integer_int8:
         w = np.concatenate([weights.linear(n) for n in names], axis=0)
-        return _integer_linear(g, x, out, key, w, opts.int8_activations == "dual")
+        return _integer_linear(g, x, out, key, w, opts.int8_activations)
     b = quant.concat([_blocks(weights, n, bits, symmetric, opts) for n in names])
     mins = None
     if opts.int4_zero_points == "mins" and b.zero_points is not None and b.zero_points.dtype == np.float32:
@@ -229,50 +234,74 @@ def _linear(g: _Writer, x: str, out: str, names: list[str], weights: LlamaWeight
     return g.node("Add", [y, m], [out])[0]  # [1, T, n]
 
 
-def _integer_linear(g: _Writer, x: str, out: str, key: str, w: np.ndarray, dual: bool) -> str:
+def _integer_linear(g: _Writer, x: str, out: str, key: str, w: np.ndarray, mode: str) -> str:
     """y = x @ w.T in int8: w [n_out, k_in] per output channel (symmetric, scale = |max| / 127), x
-    per row (`_row_quant`); MatMulIntegerToFloat is MLAS's u8s8 GEMM, then the rows' |max| (their
-    1 / ROW_LEVELS is folded into the channel scales). `dual`: the rows and their residuals in one
-    GEMM of 2T rows, y = (y_rows + y_residuals / (2 ROW_LEVELS)) * |max|."""
+    quantized by `_row_quant` in `mode`; MatMulIntegerToFloat is MLAS's u8s8 GEMM. Its activation
+    scale is |max| (rows: 1, and the rows' |max| multiplies the output after; static: the
+    calibrated |max|, so nothing follows), the 1 / ROW_LEVELS is folded into the channel scales.
+    "dual": the rows and their residuals in one GEMM of 2T rows, y = (y_rows + y_residuals /
+    (2 ROW_LEVELS)) * |max|."""
     q, scales = quant.per_channel_int8(w)
-    xq, amax = _row_quant(g, x, dual)
-    y = g.node("MatMulIntegerToFloat", [xq, g.const(f"{key}.s8.T", np.ascontiguousarray(q.T)), "rowq.one",
+    mode = _input_mode(g, x, mode)
+    xq, amax = _row_quant(g, x, mode)
+    a_scale = g.const(f"{x}.static_amax", np.array(g.activation_amax[x], np.float32)) if mode == "static" else "rowq.one"
+    y = g.node("MatMulIntegerToFloat", [xq, g.const(f"{key}.s8.T", np.ascontiguousarray(q.T)), a_scale,
                                          g.const(f"{key}.channel_scales", scales / np.float32(ROW_LEVELS)), "rowq.zero_point"],
-               [f"{out}.unscaled"], MS_DOMAIN)[0]
-    if dual:
+               [out if mode == "static" else f"{out}.unscaled"], MS_DOMAIN)[0]
+    if mode == "static":
+        return y
+    if mode == "dual":
         hi, lo = g.node("Split", [y], [f"{out}.hi", f"{out}.lo"], axis=1, num_outputs=2)  # [1, T, n] each
         g.const("rowq.residual_weight", np.array(1 / (2 * ROW_LEVELS), np.float32))
         y = g.node("Add", [hi, g.node("Mul", [lo, "rowq.residual_weight"], [f"{out}.lo_scaled"])[0]], [f"{out}.sum"])[0]
     return g.node("Mul", [y, amax], [out])[0]  # [1, T, n]
 
 
-def _row_quant(g: _Writer, x: str, dual: bool) -> tuple[str, str]:
-    """x [1, T, k] -> (uint8 [1, T, k], |row max| [1, T, 1]): each row on its own symmetric scale
-    (round(64 x / |row max|) + 64, in [0, 128]: the module docstring says why 7 bits), so a row's
-    numbers never depend on the other rows of the call: a one-token pass equals that token's row
-    in a verify pass bit for bit. `dual`: uint8 [1, 2T, k], the rows, then what they left
-    (x / |max| - the rows' values, in [-1/128, 1/128]) in steps 128 times finer: ~14 bits per
-    activation for a GEMM of twice the rows (a language model's activations have too wide a range
-    per row for 7 bits). Made once per input (q|k|v are one packed linear; gate and up share
-    theirs)."""
-    if (x, dual) not in g.row_quant:
+def _input_mode(g: _Writer, x: str, mode: str) -> str:
+    """"static" only for an input with a calibrated |max|; the others keep "rows" (calibration leaves
+    out an input too wide for one scale)."""
+    return "rows" if mode == "static" and x not in g.activation_amax else mode
+
+
+def _row_quant(g: _Writer, x: str, mode: str) -> tuple[str, str]:
+    """x [1, T, k] -> (uint8 [1, T, k], |max|): round(64 x / |max|) + 64, in [0, 128] (the module
+    docstring says why 7 bits), |max| per `mode`:
+    - "rows": each row's own |max| [1, T, 1], so a row's numbers never depend on the other rows of
+      the call: a one-token pass equals that token's row in a verify pass bit for bit.
+    - "static": one calibrated |max| for the input (`LlamaWeights.activation_amax`, made by
+      `graph.calibrate`), a constant; beyond it a value saturates. Rows stay independent, and the
+      four nodes a "rows" input costs (Abs, ReduceMax, Max, Div) and the Mul after each GEMM go:
+      one QuantizeLinear per input. For models whose activations keep one range (our policies).
+    - "dual": uint8 [1, 2T, k], the rows, then what they left (x / |max| - the rows' values, in
+      [-1/128, 1/128]) in steps 128 times finer: ~14 bits per activation for a GEMM of twice the
+      rows (a language model's activations have too wide a range per row for 7 bits).
+    Made once per input (q|k|v are one packed linear; gate and up share theirs)."""
+    if (x, mode) in g.row_quant:
+        return g.row_quant[(x, mode)]
+    if mode != "static":
         g.const("rowq.one", np.array(1.0, np.float32))
-        g.const("rowq.zero_point", np.array(ROW_LEVELS, np.uint8))
-        g.const("rowq.tiny", np.array([1e-30], np.float32))
-        g.const("rowq.step", np.array(1 / ROW_LEVELS, np.float32))
-        g.const("rowq.last_axis", np.array([-1], np.int64))
-        amax = g.node("ReduceMax", [g.node("Abs", [x], [f"{x}.abs"])[0], "rowq.last_axis"], [f"{x}.amax"], keepdims=1)[0]
-        amax = g.node("Max", [amax, "rowq.tiny"], [f"{x}.amax_pos"])[0]  # an all-zero row stays zero
-        unit = g.node("Div", [x, amax], [f"{x}.unit"])[0]  # [-1, 1]
-        xq = g.node("QuantizeLinear", [unit, "rowq.step", "rowq.zero_point"], [f"{x}.u8"])[0]
-        if dual:
-            g.const("rowq.fine_step", np.array(1 / ROW_LEVELS / (2 * ROW_LEVELS), np.float32))
-            back = g.node("DequantizeLinear", [xq, "rowq.step", "rowq.zero_point"], [f"{x}.u8_value"])[0]
-            left = g.node("Sub", [unit, back], [f"{x}.residual"])[0]
-            fine = g.node("QuantizeLinear", [left, "rowq.fine_step", "rowq.zero_point"], [f"{x}.residual_u8"])[0]
-            xq = g.node("Concat", [xq, fine], [f"{x}.dual_u8"], axis=1)[0]  # [1, 2T, k]
-        g.row_quant[(x, dual)] = (xq, amax)
-    return g.row_quant[(x, dual)]
+    g.const("rowq.zero_point", np.array(ROW_LEVELS, np.uint8))
+    if mode == "static":
+        amax = np.float32(g.activation_amax[x])
+        xq = g.node("QuantizeLinear", [x, g.const(f"{x}.static_step", np.array(amax / ROW_LEVELS, np.float32)),
+                                       "rowq.zero_point"], [f"{x}.u8"])[0]
+        g.row_quant[(x, mode)] = (xq, "")  # the |max| is a constant: _integer_linear's activation scale
+        return g.row_quant[(x, mode)]
+    g.const("rowq.tiny", np.array([1e-30], np.float32))
+    g.const("rowq.step", np.array(1 / ROW_LEVELS, np.float32))
+    g.const("rowq.last_axis", np.array([-1], np.int64))
+    amax = g.node("ReduceMax", [g.node("Abs", [x], [f"{x}.abs"])[0], "rowq.last_axis"], [f"{x}.amax"], keepdims=1)[0]
+    amax = g.node("Max", [amax, "rowq.tiny"], [f"{x}.amax_pos"])[0]  # an all-zero row stays zero
+    unit = g.node("Div", [x, amax], [f"{x}.unit"])[0]  # [-1, 1]
+    xq = g.node("QuantizeLinear", [unit, "rowq.step", "rowq.zero_point"], [f"{x}.u8"])[0]
+    if mode == "dual":
+        g.const("rowq.fine_step", np.array(1 / ROW_LEVELS / (2 * ROW_LEVELS), np.float32))
+        back = g.node("DequantizeLinear", [xq, "rowq.step", "rowq.zero_point"], [f"{x}.u8_value"])[0]
+        left = g.node("Sub", [unit, back], [f"{x}.residual"])[0]
+        fine = g.node("QuantizeLinear", [left, "rowq.fine_step", "rowq.zero_point"], [f"{x}.residual_u8"])[0]
+        xq = g.node("Concat", [xq, fine], [f"{x}.dual_u8"], axis=1)[0]  # [1, 2T, k]
+    g.row_quant[(x, mode)] = (xq, amax)
+    return g.row_quant[(x, mode)]
 
 
 def _block_sums(g: _Writer, x: str, k_blocks: int, block: int) -> str:
@@ -384,7 +413,7 @@ def _draft_heads(g: _Writer, rows: str, best: str, weights: LlamaWeights, opts: 
     row = g.node("Gather", [rows, n], ["heads.h"], axis=1)[0]  # [1, 1, H]
     int8 = opts.precision != "fp32" and opts.heads_int8 and opts.integer_int8
     if int8:
-        u = _integer_linear(g, row, "heads.u", "heads.w1", heads.w1.reshape(k * hidden, hidden), False)  # [1, 1, K*H]
+        u = _integer_linear(g, row, "heads.u", "heads.w1", heads.w1.reshape(k * hidden, hidden), _heads_mode(opts))
     else:
         w1 = g.const("heads.w1", np.ascontiguousarray(heads.w1.transpose(2, 0, 1).reshape(hidden, k * hidden)))
         u = g.node("MatMul", [row, w1], ["heads.u"])[0]  # [1, 1, K*H]
@@ -395,11 +424,13 @@ def _draft_heads(g: _Writer, rows: str, best: str, weights: LlamaWeights, opts: 
     base = g.node("Reshape", [row, "heads.row_shape"], ["heads.h2"])[0]  # [1, H]
     hj = g.node("Add", [base, act], ["heads.hj"])[0]  # [K, H]
     if heads.shared_head and opts.heads_vocab is not None and opts.heads_vocab < weights.config.vocab_size:
-        logits = _head_slice(g, hj, weights, opts.heads_vocab, int8)  # [1, K, heads_vocab]
+        logits = _head_slice(g, hj, weights, opts.heads_vocab, _heads_mode(opts) if int8 else None)
     elif heads.shared_head:  # the K rows through the model's own lm_head, as a K-row call would run it
         logits = _lm_head(g, _heads_batch(g, hj), "heads.logits", weights, opts)  # [1, K, vocab]
     elif int8:  # K rows, each through its own head's int8 w2 (argmax needs no row scale)
-        hq, _ = _row_quant(g, _heads_batch(g, hj), False)  # [1, K, H] uint8
+        hk = _heads_batch(g, hj)
+        hq, _ = _row_quant(g, hk, _input_mode(g, hk, _heads_mode(opts)))  # [1, K, H] uint8
+        g.const("rowq.one", np.array(1.0, np.float32))
         parts = g.node("Split", [hq], [f"heads.hq{j}" for j in range(k)], axis=1, num_outputs=k)
         outs = []
         for j, part in enumerate(parts):
@@ -426,14 +457,19 @@ def _heads_batch(g: _Writer, hj: str) -> str:
     return g.node("Unsqueeze", [hj, "heads.axis0"], ["heads.hk"])[0]
 
 
-def _head_slice(g: _Writer, hj: str, weights: LlamaWeights, n: int, int8: bool) -> str:
+def _heads_mode(opts: BuildOptions) -> str:
+    """The heads' int8 activations: one row each ("rows"; an argmax needs no more), or "static"."""
+    return "static" if opts.int8_activations == "static" else "rows"
+
+
+def _head_slice(g: _Writer, hj: str, weights: LlamaWeights, n: int, int8_mode: str | None) -> str:
     """The K heads' rows hj [K, H] through the lm_head's first n rows (tokens [0, n): with a BPE
     vocabulary the frequent ones) -> logits [1, K, n]: int8 per channel on single 7-bit rows in
     quantized graphs (an argmax needs no more), fp32 otherwise."""
     hk = _heads_batch(g, hj)
     w = weights.linear(weights.lm_head_name)[:n]  # [n, H]
-    if int8:
-        return _integer_linear(g, hk, "heads.logits", "heads.vocab_slice", w, False)
+    if int8_mode:
+        return _integer_linear(g, hk, "heads.logits", "heads.vocab_slice", w, int8_mode)
     return g.node("MatMul", [hk, g.const("heads.vocab_slice.T", np.ascontiguousarray(w.T))], ["heads.logits"])[0]
 
 
@@ -476,6 +512,7 @@ def build_graph(weights: LlamaWeights, opts: BuildOptions):
     pad = int(opts.query_pad)
     C = (opts.max_context or c.max_context) + pad  # KV rows: the pad row needs one past the last position
     g = _Writer()
+    g.activation_amax = weights.activation_amax
     cos, sin = rotary_tables(c.head_dim, c.rope_theta, C)
     g.const("cos_cache", cos)
     g.const("sin_cache", sin)
