@@ -125,6 +125,17 @@ def test_grasp_step_decides_inside_limits(cop):
             assert abs(d.action.x_m - s.label["x"]) < 0.02, (d.action, s.label)
 
 
+@pytest.mark.parametrize("task", ["qc", "grasp"])
+def test_the_warm_up_frame_runs_every_stage_of_perception(cop, task):
+    """warmup() measures a noise frame first (the first frame's perception costs 10-14 ms more than
+    the next): it must not be rejected early, or the later stages would stay cold."""
+    p = cop.pipelines[task]
+    image, joints = p.warmup_frame()
+    prefix = p.observation.encode(image, joints)
+    assert len(prefix) == p.bundle.manifest.observation["prefix_len"]
+    assert np.array_equal(p.warmup_frame()[0], image)  # seeded: the same frame every start
+
+
 def test_unusable_image_is_rejected_not_decided(cop):
     blank = np.empty((128, 128, 3), np.uint8)
     blank[:] = (58, 62, 66)  # belt only, no part
