@@ -137,3 +137,22 @@ def test_openvino_matches_standard_outputs(tmp_path):
 @skip_without("llama.cpp")
 def test_llama_cpp_matches_standard_outputs(tmp_path):
     assert_matches_standard("llama.cpp", tmp_path)
+
+
+@skip_without("ort-genai")
+def test_paired_rounds_alternate_the_best_peer_row_with_ours():
+    """`bench all`'s paired check: each round one run of the peer row and then ours on the peers'
+    prefixes; the ratio is the peer's ms over ours, and a mode the peer does not run is an error."""
+    from sol_control.bench import paired
+
+    bundle = Bundle.load(REPO / "models" / "qc")
+    lines = []
+    best = {"engine": "ort-genai", "precision": "int4", "mode": "plain"}
+    rep = paired.paired(bundle, best, 1, "_qc", progress=lines.append)
+    (r,) = rep["paired_qc"]["rounds"]
+    assert rep["paired_qc"]["peer"] == best and len(lines) == 1
+    assert r["peer_ms"] > 0 and 0 < r["ours_warm_ms"] and 0 < r["ours_cold_ms"]
+    assert rep["vs_best_peer_qc_paired"] == r["peer_ms"] / r["ours_warm_ms"]
+    assert rep["vs_best_peer_qc_paired_cold"] == r["peer_ms"] / r["ours_cold_ms"]
+    with pytest.raises(RuntimeError, match="no speculative k=3 int4 row"):
+        paired.peer_ms(bundle, {**best, "mode": "speculative k=3"})

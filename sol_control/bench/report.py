@@ -22,7 +22,7 @@ import numpy as np
 
 from ..bundle import Bundle
 from ..decoding import AdaptiveK, greedy, open_decoder, speculate
-from . import decode_bench
+from . import decode_bench, paired
 from .common import default_bundle, pct, progress, table
 
 
@@ -191,6 +191,9 @@ def run(args: argparse.Namespace) -> int:
         summary["peers"] = {name: _peers(args, b) for name, b in bundles.items()}
         for name, suffix in (("grasp", ""), ("qc", "_qc")):
             summary.update(vs_best_peer(decode.get(name), summary["peers"][name].get("rows", []), suffix))
+            if f"best_peer{suffix}" in summary:  # the same ratio again, the two sides in alternating rounds
+                summary.update(paired.paired(bundles[name], summary[f"best_peer{suffix}"], 2 if args.quick else 4,
+                                             suffix, progress))
     if "scaling" not in args.skip:
         lengths = (8, 32) if args.quick else (8, 32, 128)
         summary["scaling"] = {name: scaling(b, lengths=lengths, rounds=2 if args.quick else args.rounds)
@@ -341,6 +344,14 @@ def _md_peers(s: dict) -> list[str]:
                          f"{ours['decision_ms_p50']:.2f} ms as the node runs it "
                          f"(static prefix kept), {ours['cold_decision_ms_p50']:.2f} ms cold -> vs_best_peer{suffix} "
                          f"{s[f'vs_best_peer{suffix}']:.2f}x ({s[f'vs_best_peer{suffix}_cold']:.2f}x cold)")
+        if f"vs_best_peer{suffix}_paired" in s:
+            rounds = s[f"paired{suffix}"]["rounds"]
+            lines.append(f"Paired, {len(rounds)} rounds alternating between that peer row and our "
+                         f"{s[f'paired{suffix}']['ours']} on the peers' prefixes (`bench/paired.py`): "
+                         f"vs_best_peer{suffix}_paired {s[f'vs_best_peer{suffix}_paired']:.2f}x "
+                         f"({s[f'vs_best_peer{suffix}_paired_cold']:.2f}x cold); peer "
+                         + ", ".join(f"{r['peer_ms']:.2f}" for r in rounds) + " ms, ours "
+                         + ", ".join(f"{r['ours_warm_ms']:.2f}" for r in rounds) + " ms")
         lines.append("")
     return lines
 
