@@ -102,7 +102,7 @@ def export_bundle(task: str, out: Path, work: Path) -> dict:
 
 def build_static_int8(out: Path) -> dict:
     """The bundle's int8 fused graph again, its activations on static scales calibrated on its own
-    answers to training scenes (graph.calibrate; ~25 % less a grasp decision than per-row scales).
+    answers to training scenes (graph.calibrate; 15-19 % less a decision than per-row scales).
     The manifest must exist, and has to be written again afterwards (sha256)."""
     from sol_control.bundle import Bundle
     from sol_control.graph.calibrate import bundle_static_int8

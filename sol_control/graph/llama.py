@@ -80,8 +80,8 @@ Precisions ("fp32", "int4", "int8"): the quantized ones put every linear into `M
   each other, so verify passes equal one-token
   passes bit for bit. `int8_activations` "static" quantizes each linear's input on one calibrated
   |max| instead (`graph.calibrate`, stored in `LlamaWeights.activation_amax`): one QuantizeLinear
-  an input instead of five nodes (grasp int8 + heads: 165 -> 105 nodes, ~25 % less a decision on
-  AVX-512), rows still independent. "nbits" = MatMulNBits 8-bit symmetric blocks, as before, also taken when
+  an input instead of five nodes (grasp int8 + heads: 165 -> 105 nodes, 15-19 % less a decision
+  on AVX-512), rows still independent. "nbits" = MatMulNBits 8-bit symmetric blocks, as before, also taken when
   `accuracy_level` < 4 asks for fp32 activations. An 8-bit lm_head follows the same rule (int4
   graphs too).
 A tied lm_head (= embed_tokens) is quantized like any other head; the embedding lookup then reads
