@@ -152,7 +152,8 @@ class Coprocessor:
     # -- run -------------------------------------------------------------------------------------
     def warmup(self, runs: int | None = None) -> dict[str, float]:
         """Run each pipeline's perception on a noise frame and its planners on the bundle's warm-up
-        prefixes so the first live decision is warm; seeds both latency models. Returns the last full-precision latency per task (ms)."""
+        prefixes so the first live decision is warm; seeds both latency models. Returns the last
+        full-precision latency per task (ms)."""
         runs = runs or self._cfg.decoding.warmup_runs
         out = {}
         for task, p in self.pipelines.items():
