@@ -92,19 +92,26 @@ def _border(img: np.ndarray, k: int = 3) -> np.ndarray:
                            img[:, :k].reshape(-1, 3), img[:, -k:].reshape(-1, 3)])
 
 
+def _components(mask: np.ndarray, connectivity: int) -> tuple[int, np.ndarray, np.ndarray]:
+    """(labels + 1 for the background, label image, pixels per label): OpenCV's labels and a
+    bincount, the areas connectedComponentsWithStats gives in ~2x the time on these small images."""
+    n, labels = cv2.connectedComponents(mask, connectivity=connectivity)
+    return n, labels, np.bincount(labels.ravel(), minlength=n)
+
+
 def _ellipse(k: int) -> np.ndarray:
     return cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (k, k))
 
 
 def _qc_part(img: np.ndarray, gray: np.ndarray, bg: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(part mask, its outer contour, the part with holes filled) [n, n] uint8, from the belt colour `bg`."""
-    diff = _channel_max(np.abs(img - bg))
+    diff = _max_abs_difference(img, bg)
     raw = ((diff > 30) | (gray < bg.mean() - 20)).astype(np.uint8)
     raw = cv2.morphologyEx(raw, cv2.MORPH_CLOSE, _ellipse(3))
-    n_lab, lab, stats, _ = cv2.connectedComponentsWithStats(raw, connectivity=8)
-    if n_lab < 2 or stats[1:, cv2.CC_STAT_AREA].max() < 60:
+    n_lab, lab, area = _components(raw, 8)
+    if n_lab < 2 or area[1:].max() < 60:
         raise ValueError("qc image: no part found (nothing differs from the belt colour)")
-    part = (lab == 1 + int(np.argmax(stats[1:, cv2.CC_STAT_AREA]))).astype(np.uint8)
+    part = (lab == 1 + int(np.argmax(area[1:]))).astype(np.uint8)
     # second pass at half the belt-to-part contrast: edges and small holes at their true size
     contrast = float(np.median(diff[cv2.erode(part, _ellipse(5)) > 0])) if part.sum() > 60 else 60.0
     half = max(0.5 * contrast, 20.0)
@@ -153,9 +160,9 @@ def _longest_line(flat: np.ndarray, inner: np.ndarray, ref: float):
     best = None
     for polarity, resp in ((1, black), (2, top)):
         lm = ((resp > 0.12) & (inner > 0)).astype(np.uint8)
-        k, ll, lst, _ = cv2.connectedComponentsWithStats(lm, connectivity=8)
+        k, ll, area = _components(lm, 8)
         for i in range(1, k):
-            if lst[i, cv2.CC_STAT_AREA] < 4:
+            if area[i] < 4:
                 continue
             ys, xs = np.nonzero(ll == i)
             (_, _), (a, b), _ = cv2.minAreaRect(np.stack([xs, ys], 1).astype(np.float32))
@@ -187,13 +194,14 @@ def _qc_lines(f: dict, gray: np.ndarray, bg: np.ndarray, part, filled, inner, si
 
 def _qc_stain(f: dict, img: np.ndarray, inner: np.ndarray, n: int) -> None:
     """Chroma deviation (discoloration) into `f`; lighting gain and gradients do not change chroma."""
-    chroma = img / np.maximum(_channel_sum(img)[..., None], 1.0)
+    total = np.maximum(_channel_sum(img), 1.0)
+    chroma = [img[..., c] / total for c in range(3)]  # planes: img / total[..., None], bit for bit
     core = (inner > 0) & (_channel_max(img) < 250)  # clipped pixels have no reliable chroma
     f.update(stain_frac=0.0, stain_max=0.0, stain_u=f["part_u"], stain_v=f["part_v"])
     if core.sum() < 20:
         return
-    med = np.median(chroma[core], axis=0)
-    dev = cv2.blur(_channel_sum(np.abs(chroma - med)), (3, 3))
+    med = [np.median(plane[core]) for plane in chroma]
+    dev = cv2.blur(np.abs(chroma[0] - med[0]) + np.abs(chroma[1] - med[1]) + np.abs(chroma[2] - med[2]), (3, 3))
     dev = np.where(core, dev, 0.0)
     hot = dev > 0.04
     f["stain_frac"] = float(hot.sum()) / float(core.sum())
@@ -232,26 +240,31 @@ def _plane_grids(n: int) -> tuple[np.ndarray, ...]:
     return xx, yy, xx[..., None] / n, yy[..., None] / n, bmask, design
 
 
+def _max_abs_difference(img: np.ndarray, ref) -> np.ndarray:
+    """max over the channels of |img - ref|, img [n, n, 3], ref [3] or a callable c -> [n, n]: one
+    channel plane at a time, the same float32 operations as over [n, n, 3] (bit for bit) without
+    its temporaries (~4x faster)."""
+    diff = [np.abs(img[..., c] - (ref(c) if callable(ref) else ref[c])) for c in range(3)]
+    return np.maximum(np.maximum(diff[0], diff[1]), diff[2])
+
+
 def _table_difference(img: np.ndarray) -> np.ndarray:
     """Per-pixel max channel difference from the table: a plane fitted per channel to the border
-    (absorbs lighting gradients). img [n, n, 3] float32 -> [n, n]. One channel plane at a time:
-    the same float32 operations as |img - (x/n * a + y/n * b + c)| over [n, n, 3] and a maximum
-    over the channels, bit for bit, in a quarter of the time (no [n, n, 3] temporaries)."""
+    (absorbs lighting gradients). img [n, n, 3] float32 -> [n, n]."""
     _, _, xn, yn, bmask, design = _plane_grids(img.shape[0])
     coef, *_ = np.linalg.lstsq(design, img[bmask], rcond=None)  # [3, 3] plane per channel
     x, y = xn[..., 0], yn[..., 0]
-    diff = [np.abs(img[..., c] - (x * coef[0, c] + y * coef[1, c] + coef[2, c])) for c in range(3)]
-    return np.maximum(np.maximum(diff[0], diff[1]), diff[2])
+    return _max_abs_difference(img, lambda c: x * coef[0, c] + y * coef[1, c] + coef[2, c])
 
 
 def _largest_object(diff: np.ndarray) -> tuple[np.ndarray, int]:
     """Mask [n, n] uint8 of the largest object and the number of objects (>= 40 px each)."""
     mask = cv2.morphologyEx((diff > 40).astype(np.uint8), cv2.MORPH_OPEN, _ellipse(3))
-    _, lab, stats, _ = cv2.connectedComponentsWithStats(mask, connectivity=8)
-    keep = [i + 1 for i, a in enumerate(stats[1:, cv2.CC_STAT_AREA]) if a >= 40]
+    _, lab, area = _components(mask, 8)
+    keep = [i + 1 for i, a in enumerate(area[1:]) if a >= 40]
     if not keep:
         raise ValueError("grasp image: no object found (nothing differs from the table colour)")
-    target = max(keep, key=lambda i: stats[i, cv2.CC_STAT_AREA])
+    target = max(keep, key=lambda i: area[i])
     return (lab == target).astype(np.uint8), len(keep)
 
 

@@ -86,6 +86,23 @@ def test_the_table_difference_is_the_plain_formula_bit_for_bit():
         assert got.dtype == np.float32 and np.array_equal(got, plain)
 
 
+def test_the_faster_forms_of_the_qc_measurement_equal_the_plain_ones():
+    """Per channel plane and labels + bincount instead of [n, n, 3] temporaries and OpenCV's
+    stats: the same numbers to the last bit, so tokens do not move."""
+    from sol_control.perception import _components, _max_abs_difference
+
+    for i in range(8):
+        img = qc.make_sample("test", i).image.astype(np.float32)
+        bg = np.median(img[:3].reshape(-1, 3), axis=0)
+        assert np.array_equal(_max_abs_difference(img, bg), np.abs(img - bg).max(axis=-1))
+        mask = (np.abs(img - bg).max(axis=-1) > 30).astype(np.uint8)
+        for connectivity in (4, 8):
+            n, labels, area = _components(mask, connectivity)
+            n_cv, labels_cv, stats, _ = cv2.connectedComponentsWithStats(mask, connectivity=connectivity)
+            assert n == n_cv > 1 and np.array_equal(labels, labels_cv)
+            assert np.array_equal(area, stats[:, cv2.CC_STAT_AREA])
+
+
 def test_qc_measurements_see_holes_and_cracks():
     expected = {"plate": 4, "ring": 1, "bracket": 2}
     for i in range(45):
