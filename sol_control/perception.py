@@ -88,10 +88,10 @@ def _channel_sum(a: np.ndarray) -> np.ndarray:
 
 
 def _max_abs_difference(img: np.ndarray, ref) -> np.ndarray:
-    """max over the channels of |img - ref|, img [n, n, 3], ref [3] or a callable c -> [n, n]: one
-    channel plane at a time, the same float32 operations as over [n, n, 3] (bit for bit) without
-    its temporaries (~4x faster)."""
-    diff = [np.abs(img[..., c] - (ref(c) if callable(ref) else ref[c])) for c in range(3)]
+    """max over the channels of |img - ref(c)|, img [n, n, 3], ref(c) channel c's reference (a
+    number or an [n, n] plane): one channel plane at a time, the same float32 operations as over
+    [n, n, 3] (bit for bit) without its temporaries (~4x faster)."""
+    diff = [np.abs(img[..., c] - ref(c)) for c in range(3)]
     return np.maximum(np.maximum(diff[0], diff[1]), diff[2])
 
 
@@ -113,7 +113,7 @@ def _ellipse(k: int) -> np.ndarray:
 
 def _qc_part(img: np.ndarray, gray: np.ndarray, bg: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(part mask, its outer contour, the part with holes filled) [n, n] uint8, from the belt colour `bg`."""
-    diff = _max_abs_difference(img, bg)
+    diff = _max_abs_difference(img, lambda c: bg[c])
     raw = ((diff > 30) | (gray < bg.mean() - 20)).astype(np.uint8)
     raw = cv2.morphologyEx(raw, cv2.MORPH_CLOSE, _ellipse(3))
     n_lab, lab, area = _components(raw, 8)

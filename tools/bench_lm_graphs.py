@@ -27,6 +27,7 @@ from sol_control.decoding import greedy  # noqa: E402
 from sol_control.decoding.fused import FusedDecoderSession  # noqa: E402
 from sol_control.graph.llama import build_decoder  # noqa: E402
 from sol_control.graph.weights import DraftHeads, LlamaWeights  # noqa: E402
+from sol_control.lm.importer import INT4_MODES  # noqa: E402
 
 OUT = REPO / ".work" / "lm" / "graphs"
 HEADS = REPO / "models" / "lm" / "smollm2_heads_k4.npz"
@@ -37,7 +38,7 @@ VARIANTS = {  # name -> (requantize the Q4_1 blocks, build options, with the shi
     "q4_1_heads": (False, FAST, True),  # ... with 4 heads over the whole lm_head
     "q4_1_heads8k": (False, {**FAST, "heads_vocab": 8192}, True),  # ... over its first 8192 rows (the import's)
     "q4_1_head8nbits": (False, {**FAST, "int8_kernel": "nbits"}, False),  # 8-bit head as MatMulNBits blocks (Q8_0's form)
-    "q4_1_exact": (False, {"accuracy_level": 0, "head_bits": None, "int4_zero_points": "mins"}, False),  # --int4-mode exact
+    "q4_1_exact": (False, INT4_MODES["exact"], False),  # --int4-mode exact
     "q4_1_head4": (False, {"int4_zero_points": "mins", "head_bits": 4, "symmetric": True}, False),
     "symmetric": (True, {"head_bits": 4, "symmetric": True}, False),  # --int4-mode symmetric
     "symmetric_nopad": (True, {"head_bits": 4, "symmetric": True, "query_pad": False}, False),

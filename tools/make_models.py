@@ -233,7 +233,8 @@ def refresh_graphs(task: str, args) -> None:
     weights.heads = DraftHeads.load(args.heads) if args.heads else read_heads(out / m.target.fused["fp32"])
     stage(f"{task}: rebuild {', '.join(FUSED)} fused graphs ({weights.heads.k} draft heads)")
     for precision, name in FUSED.items():
-        build_decoder(weights, out / name, precision)
+        if precision != "int8":  # build_static_int8 below writes it, from the fp32 graph just rebuilt
+            build_decoder(weights, out / name, precision)
     manifest = json.loads((out / "manifest.json").read_text())
     manifest["target"]["draft_heads"] = weights.heads.k
     write_manifest(out, manifest)  # new sha256, so the engine loads the new files

@@ -239,7 +239,7 @@ def node_fast_path(decode: dict, e2e: dict) -> dict:
     The node runs int8 + heads by default (`decoding.fast_precision`)."""
     out = {}
     for task, rep in decode.items():
-        row = next((r for r in rep["rows"] if r["name"] == "int8 + heads"), None)
+        row = next((r for r in rep["rows"] if r["name"] == paired.OURS), None)
         in_node = e2e.get(task, {}).get("ultrafast", {}).get("fast_path_p50_ms")
         if row is None or not row.get("solo_decision_ms_p50") or in_node is None or not math.isfinite(in_node):
             continue

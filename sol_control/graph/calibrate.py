@@ -43,12 +43,12 @@ def _probe_session(weights: LlamaWeights, max_context: int):
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
+    from ..decoding.session import session_options
+
     model = build_graph(weights, BuildOptions("fp32", max_context=max_context))
     names = linear_inputs(model)
     model.graph.output.extend(helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in names)
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(model.SerializeToString(), session_options(1), providers=["CPUExecutionProvider"])
     capacity = next(i.shape[2] for i in sess.get_inputs() if i.name == past_name(0, "key"))
     return sess, names, capacity
 
