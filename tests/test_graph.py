@@ -463,6 +463,53 @@ def test_speculation_with_the_targets_own_heads_equals_plain_greedy(tmp_path, pr
     assert sess.exact_rows() >= (precision in ROW_EXACT_ON_EVERY_CPU)  # the query pad: one-token rows = verify rows
 
 
+def test_a_prefill_graph_runs_the_prefill_chunks_on_the_same_cache(tmp_path):
+    """An int4 session with the int8 graph for prefills: `prefill` runs through the int8 graph,
+    `forward` through int4, on one cache; the cache it leaves is the one a
+    pure int8 prefill leaves (the next one-token logits equal a fresh int8 session's, switched to
+    int4 by hand), speculation with heads still equals plain greedy, and a graph of another shape
+    is refused."""
+    from sol_control.decoding import speculate_heads
+    from sol_control.graph.weights import DraftHeads
+
+    w = tiny_weights(seed=3)
+    w.heads = DraftHeads(np.zeros((4, 64, 64), np.float32), None, 0)
+    int4, int8 = (build_decoder(w, tmp_path / f"{p}.onnx", p) for p in ("int4", "int8"))
+    sess = FusedDecoderSession(int4, prefill_path=int8)
+    rng = np.random.default_rng(7)
+    prefix = rng.integers(0, 96, 12)
+    calls = sess.calls  # the exactness probe's calls (`_run`: the int4 graph)
+    assert sess.prefill_calls == 0
+    sess.prefill(prefix)  # one call of 12 ids
+    assert (sess.prefill_calls, sess.calls) == (1, calls + 1)
+    sess.forward(prefix[:5])  # a verify pass: the int4 graph
+    assert (sess.prefill_calls, sess.calls) == (1, calls + 2)
+    # the same cache as an int8 prefill: an int8 session's cache, then the int4 graph on it
+    ref8 = FusedDecoderSession(int8)
+    ref8.prefill(prefix)
+    mixed = FusedDecoderSession(int4, prefill_path=int8)
+    mixed.prefill(prefix)
+    def cached(x):  # [tensor, kv heads, position, dim], the prefix's positions
+        return x._kv.reshape(len(x._kv), x.n_heads, -1, x.head_dim)[:, :, :len(prefix)]
+
+    assert np.array_equal(cached(mixed), cached(ref8))
+    one = prefix[:1]
+    ref4 = FusedDecoderSession(int4)
+    ref4._kv[:] = ref8._kv  # an int4 session on the int8 prefill's cache
+    ref4.length, ref4.tokens[:len(prefix)] = len(prefix), prefix
+    assert np.array_equal(mixed.forward(one), ref4.forward(one))
+    for _ in range(6):
+        p = rng.integers(0, 96, int(rng.integers(5, 12)))
+        sess.reset()
+        plain = greedy(sess, p, 12).tokens
+        assert speculate_heads(sess, p, 12).tokens == plain
+    w_other = tiny_weights(seed=3)
+    w_other.heads = DraftHeads(np.zeros((2, 64, 64), np.float32), None, 0)
+    other = build_decoder(w_other, tmp_path / "other.onnx", "int8")
+    with pytest.raises(ValueError, match="does not match"):
+        FusedDecoderSession(int4, prefill_path=other)
+
+
 def test_lookup_guesses_copy_what_followed_the_latest_repeat():
     from sol_control.decoding.speculative import lookup_guesses
 

@@ -38,6 +38,8 @@ ROWS = [  # (row name, target precision, speculative, prompt lookup)
     ("int4 + draft + lookup", "int4", True, LOOKUP),
 ]
 
+PREFILL = {"int4": "int8"}  # the int4 rows prefill through the bundle's int8 graph when it has one (docs/LM.md)
+
 _T0 = time.monotonic()
 
 
@@ -180,8 +182,12 @@ def make_rows(bundle: Bundle, threads: list[int]) -> tuple[list[Row], list[dict]
             if lookup and spec_mode != "heads":
                 skipped.append({"name": name, "threads": t, "note": "prompt lookup runs with draft heads only"})
                 continue
+            prefill = PREFILL.get(prec)
+            if prefill and not bundle.decoder_layout("target", prec) == bundle.decoder_layout("target", prefill) == "fused":
+                prefill = None  # the bundle has no such pair of fused graphs: the row prefills in its own
             row = Row(name, prec, spec_mode if speculative else "plain", t,
-                      open_decoder(bundle, "target", prec, t, name=f"{name} @{t}t"), lookup=lookup)
+                      open_decoder(bundle, "target", prec, t, name=f"{name} @{t}t", prefill_precision=prefill),
+                      lookup=lookup)
             if row.mode == "draft":
                 dprec = "int8" if "int8" in m.draft.precisions else m.draft.precisions[0]
                 row.draft = open_decoder(bundle, "draft", dprec, t, name=f"{row.label} draft")

@@ -23,6 +23,12 @@ AVX2, whose one-row kernel rounds differently. So a session probes its graph whe
 `min_step_tokens=2` (a lone new token is run with the previous one), where rows differ; then
 speculative decoding still equals plain greedy.
 
+A second graph of the same model for prefills (`prefill_path`, e.g. the int8 graph beside an int4
+one): `prefill` runs through it, on the same KV buffers (both graphs bind [1, kv, C, D] per layer),
+`forward` (decoding steps, verify passes) through the main graph. ONNX Runtime's 4-bit kernel takes a prefill row by row, so an int4 session's prefill is
+its slowest part (SmolLM2: 241 ms for 64 tokens against 130 ms through the int8 graph, docs/LM.md).
+Plain and speculative decoding prefill alike, so speculative still equals plain greedy.
+
 Same public interface as `DecoderSession` (forward, prefill, rewind, reset, length, tokens, ...),
 so `greedy` and `speculate` run on either.
 """
@@ -75,14 +81,10 @@ class FusedDecoderSession:
 
     def __init__(self, path: str | Path, max_context: int | None = None, threads: int = 1, name: str = "",
                  max_step_tokens: int = 512, min_step_tokens: int | None = None, max_rows: int = 64,
-                 options: ort.SessionOptions | None = None):
+                 options: ort.SessionOptions | None = None, prefill_path: str | Path | None = None):
         self.name = name or Path(path).stem
         self.path = Path(path)
-        try:
-            self.session = ort.InferenceSession(str(path), options or session_options(threads),
-                                                providers=["CPUExecutionProvider"])
-        except Exception as e:  # ORT's own exception types: invalid graph, unknown op, ...
-            raise ValueError(f"decoder {path}: ONNX Runtime cannot load it: {e}") from None
+        self.session = self._open(path, options, threads)
         where = f"decoder {self.path}"
         self.n_layers, self.n_heads, self.head_dim, self.vocab, capacity = check_fused_signature(self.session, where)
         meta = self.session.get_modelmeta().custom_metadata_map
@@ -109,33 +111,58 @@ class FusedDecoderSession:
         self.tokens = np.zeros(self.max_context, np.int64)  # the ids whose keys/values are in the cache
         self.length = 0
         self.calls = 0
-        self._io = self.session.io_binding()
-        self._bind_in, self._bind_out, self._run_bound = _fast_binding(self.session, self._io)
         outputs = {o.name: o for o in self.session.get_outputs()}
         self.draft_heads = int(outputs["head_ids"].shape[-1]) if "head_ids" in outputs else 0
         self._heads = np.zeros(max(self.draft_heads, 1), np.int64)
         self._accepted = np.zeros(1, np.int64)
         self._has_probs = "probs" in outputs  # graphs built before it came have none
         self._probs = np.zeros(self.max_rows, np.float32)
-        self._bind_static(capacity + self._pad)
-        self._bound = (0, 0)  # (T, rows) that input_ids / logits are bound for
+        self._main = _Binding(self.session)
+        self._prefill = None
+        if prefill_path is not None:
+            self._prefill = _Binding(self._open(prefill_path, options, threads))
+            self._check_prefill_graph(Path(prefill_path))
+        for b in (self._main, self._prefill):
+            if b is not None:
+                self._bind_static(b, capacity + self._pad)
+        self._bound = self._main.bound
         if min_step_tokens is None:  # the exactness rule: probe this graph on this CPU
             self.min_step_tokens = 1 if self.exact_rows() else 2
 
-    def _bind_static(self, capacity: int) -> None:
+    @staticmethod
+    def _open(path, options: ort.SessionOptions | None, threads: int) -> ort.InferenceSession:
+        try:
+            return ort.InferenceSession(str(path), options or session_options(threads), providers=["CPUExecutionProvider"])
+        except Exception as e:  # ORT's own exception types: invalid graph, unknown op, ...
+            raise ValueError(f"decoder {path}: ONNX Runtime cannot load it: {e}") from None
+
+    def _check_prefill_graph(self, path: Path) -> None:
+        """The prefill graph must share the main graph's cache layout and outputs."""
+        sess = self._prefill.session
+        shape = check_fused_signature(sess, f"prefill graph {path}")
+        main = (self.n_layers, self.n_heads, self.head_dim, self.vocab, self._kv.shape[1] // (self.n_heads * self.head_dim))
+        outputs = {o.name: o for o in sess.get_outputs()}
+        heads = int(outputs["head_ids"].shape[-1]) if "head_ids" in outputs else 0
+        pad = int(sess.get_modelmeta().custom_metadata_map.get("query_pad", "0"))
+        if shape != main or heads != self.draft_heads or pad != self._pad or ("probs" in outputs) != self._has_probs:
+            raise ValueError(f"prefill graph {path} does not match {self.path}: (layers, kv heads, head dim, vocab, "
+                             f"capacity) {shape} vs {main}, draft heads {heads} vs {self.draft_heads}, query pad "
+                             f"{pad} vs {self._pad}, probs {'probs' in outputs} vs {self._has_probs}")
+
+    def _bind_static(self, b: "_Binding", capacity: int) -> None:
         shape = (1, self.n_heads, capacity, self.head_dim)
         for j in range(2 * self.n_layers):
             layer, kind = divmod(j, 2)
             name = ("key", "value")[kind]
             ptr = int(self._kv[j].ctypes.data)
-            self._bind_in(f"past_key_values.{layer}.{name}", _F32, shape, ptr)
-            self._bind_out(f"present.{layer}.{name}", _F32, shape, ptr)
-        self._bind_in("seqlens_k", _I32, (1,), int(self._seqlens.ctypes.data))
-        self._bind_in("total_sequence_length", _I32, (), int(self._total.ctypes.data))
-        self._bind_in("guesses", _I64, (), int(self._guesses.ctypes.data))
+            b.bind_in(f"past_key_values.{layer}.{name}", _F32, shape, ptr)
+            b.bind_out(f"present.{layer}.{name}", _F32, shape, ptr)
+        b.bind_in("seqlens_k", _I32, (1,), int(self._seqlens.ctypes.data))
+        b.bind_in("total_sequence_length", _I32, (), int(self._total.ctypes.data))
+        b.bind_in("guesses", _I64, (), int(self._guesses.ctypes.data))
         if self.draft_heads:
-            self._bind_out("accepted", _I64, (1,), int(self._accepted.ctypes.data))
-            self._bind_out("head_ids", _I64, (1, 1, self.draft_heads), int(self._heads.ctypes.data))
+            b.bind_out("accepted", _I64, (1,), int(self._accepted.ctypes.data))
+            b.bind_out("head_ids", _I64, (1, 1, self.draft_heads), int(self._heads.ctypes.data))
 
     # -- cache bookkeeping ------------------------------------------------------------------
     def reset(self) -> None:
@@ -151,6 +178,9 @@ class FusedDecoderSession:
         """Append `ids` to the cache; return the logits [rows, vocab] of their last `rows` (default:
         all of them): a view, valid until the next call. With draft heads, the last rows - 1 ids are
         guesses the graph checks (`accepted`, `head_ids`)."""
+        return self._forward(ids, rows, self._main)
+
+    def _forward(self, ids: np.ndarray, rows: int | None, b: "_Binding") -> np.ndarray:
         T, L = len(ids), self.length
         if T == 1:
             if not 0 <= int(ids[0]) < self.vocab:
@@ -160,8 +190,8 @@ class FusedDecoderSession:
         if T == 1 and self.min_step_tokens == 2 and L > 0:
             self._pair[:] = self.tokens[L - 1], ids[0]
             self.rewind(L - 1)
-            return self._run(self._pair, 1)
-        return self._run(ids, T if rows is None else rows)
+            return self._run(self._pair, 1, b)
+        return self._run(ids, T if rows is None else rows, b)
 
     def prefill(self, prefix: np.ndarray) -> np.ndarray:
         """Make the cache hold `prefix`, reusing its longest cached leading part; return the last
@@ -176,10 +206,11 @@ class FusedDecoderSession:
         logits = None
         while self.length < n:
             stop = min(n, self.length + self.max_step_tokens)
-            logits = self.forward(prefix[self.length:stop], rows=1)
+            logits = self._forward(prefix[self.length:stop], 1, self._prefill or self._main)
         return logits[-1]
 
-    def _run(self, ids: np.ndarray, rows: int) -> np.ndarray:
+    def _run(self, ids: np.ndarray, rows: int, b: "_Binding | None" = None) -> np.ndarray:
+        b = b or self._main
         T, L = len(ids), self.length
         if T == 0:
             raise ValueError(f"{self.name}: forward needs at least one token")
@@ -190,17 +221,19 @@ class FusedDecoderSession:
         assert 1 <= rows <= T, (rows, T)
         if rows > self.max_rows:
             raise ValueError(f"{self.name}: {rows} rows of logits in one step exceed max_rows={self.max_rows}")
-        if (T, rows) != self._bound:
-            self._bind_in("input_ids", _I64, (1, T), int(self._ids.ctypes.data))
-            self._bind_out("logits", _F32, (1, rows, self.vocab), int(self._logits.ctypes.data))
+        if (T, rows) != b.bound:
+            b.bind_in("input_ids", _I64, (1, T), int(self._ids.ctypes.data))
+            b.bind_out("logits", _F32, (1, rows, self.vocab), int(self._logits.ctypes.data))
             if self._has_probs:
-                self._bind_out("probs", _F32, (1, rows), int(self._probs.ctypes.data))
-            self._bound = (T, rows)
+                b.bind_out("probs", _F32, (1, rows), int(self._probs.ctypes.data))
+            b.bound = (T, rows)
+        self._bound = b.bound
         self._ids[:T] = ids
         self._seqlens[0] = L + T - 1 + self._pad
         self._total[()] = L + T + self._pad
         self._guesses[()] = rows - 1
-        self._run_bound()
+        b.run()
+        b.calls += 1
         self.calls += 1
         self.tokens[L:L + T] = ids
         self.length = L + T
@@ -246,6 +279,23 @@ class FusedDecoderSession:
         finally:
             self.reset()
 
+    @property
+    def prefill_calls(self) -> int:
+        """Calls run through the prefill graph (0 without one)."""
+        return self._prefill.calls if self._prefill is not None else 0
+
     def __repr__(self) -> str:
         return (f"FusedDecoderSession({self.name}: {self.n_layers} layers, {self.n_heads}x{self.head_dim} kv, "
                 f"vocab {self.vocab}, context {self.length}/{self.max_context})")
+
+
+class _Binding:
+    """One ONNX Runtime session of a FusedDecoderSession with its IO binding; `bound` is the (T, rows)
+    that its input_ids / logits are bound for."""
+
+    def __init__(self, session: ort.InferenceSession):
+        self.session = session
+        self.io = session.io_binding()
+        self.bind_in, self.bind_out, self.run = _fast_binding(session, self.io)
+        self.bound = (0, 0)
+        self.calls = 0

@@ -252,21 +252,29 @@ class DecoderSession:
 
 
 def open_decoder(bundle, role: str, precision: str, threads: int = 1, name: str = "",
-                 max_context: int | None = None):
+                 max_context: int | None = None, prefill_precision: str | None = None):
     """A session for one decoder of a verified bundle (sha256 checked before ORT sees the file): a
     FusedDecoderSession when the bundle has the fused graph, else a DecoderSession. Both follow one
     exactness rule for targets: a single new token gives the logits it would get inside a
     multi-token verify pass, else single tokens run as 2-token steps (a draft only proposes).
     `max_context` overrides the manifest's KV length (benchmarks only: rotary positions work at any
-    length, but the model never saw sequences past the manifest's `max_context`)."""
+    length, but the model never saw sequences past the manifest's `max_context`). `prefill_precision`:
+    prefill chunks run through that precision's fused graph on the same cache (FusedDecoderSession's
+    prefill graph), e.g. "int8" for an int4 target; both must be fused graphs."""
     from .fused import FusedDecoderSession
 
     layout = bundle.decoder_layout(role, precision)
     path = bundle.decoder_path(role, precision, layout)
     name = name or f"{role}_{precision}"
     context = max_context or bundle.manifest.max_context
+    prefill = None
+    if prefill_precision not in (None, precision):
+        if layout != "fused" or bundle.decoder_layout(role, prefill_precision) != "fused":
+            raise ValueError(f"bundle {bundle.root}: a {prefill_precision} prefill for the {precision} {role} "
+                             "needs both in the fused layout")
+        prefill = bundle.decoder_path(role, prefill_precision, "fused")
     if layout == "fused":
-        sess = FusedDecoderSession(path, context, threads=threads, name=name,
+        sess = FusedDecoderSession(path, context, threads=threads, name=name, prefill_path=prefill,
                                    min_step_tokens=1 if role == "draft" else None)  # None: probe
     else:
         sess = DecoderSession(path, context, threads=threads, name=name,
