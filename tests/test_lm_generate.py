@@ -135,6 +135,31 @@ def test_int4_generates_from_its_bundle(tiny, tmp_path):
     assert got["precision"] == "int4" and 1 <= len(got["tokens"]) <= 8
 
 
+def test_int4_prefills_through_the_int8_graph_when_the_bundle_has_it(tiny, tmp_path):
+    """With int8 beside int4, generate's int4 prompt runs through the int8 graph (`default_prefill`):
+    its tokens are plain greedy on such a session, `--prefill-precision int4` gives the int4
+    graph's own; a prefill precision the bundle lacks is refused."""
+    from sol_control.decoding import greedy, open_decoder
+    from sol_control.decoding.session import default_prefill
+
+    path, only_int4, _ = tiny
+    bundle = tmp_path / "both"
+    assert main(["import", str(path), "--out", str(bundle), "--quantize", "int8,int4"]) == 0
+    b, ids, args = Bundle.load(bundle), np.array(PROMPTS[2], np.int64), ("--max-new-tokens", "12", "--precision", "int4")
+    prompt = ("--prompt-ids", ",".join(map(str, PROMPTS[2])))
+    hybrid = open_decoder(b, "target", "int4", prefill_precision="int8")
+    own = open_decoder(b, "target", "int4")
+    got = generate(bundle, tmp_path, *prompt, *args, "--no-draft")["tokens"]
+    assert got == greedy(hybrid, ids, 12, stop_ids=STOPS).tokens
+    assert hybrid.prefill_calls >= 1 and own.prefill_calls == 0
+    assert default_prefill(b, "target", "int4") == "int8" and default_prefill(b, "target", "int8") is None
+    assert default_prefill(Bundle.load(only_int4), "target", "int4") is None
+    assert generate(bundle, tmp_path, *prompt, *args, "--no-draft", "--prefill-precision", "int4")["tokens"] == \
+        greedy(own, ids, 12, stop_ids=STOPS).tokens
+    with pytest.raises(ValueError, match="needs both in the fused layout"):
+        open_decoder(Bundle.load(only_int4), "target", "int4", prefill_precision="int8")
+
+
 def test_symmetric_int4_requantizes_into_symmetric_blocks(tiny, tmp_path):
     """--int4-mode symmetric: every linear and the tied head/embedding are symmetric 4-bit
     blocks (no zero points) quantized from the GGUF's dequantized weights, and the graph decodes."""

@@ -21,6 +21,7 @@ import numpy as np
 
 from ..bundle import Bundle
 from ..decoding import AdaptiveK, GuessLength, greedy, open_decoder, speculate, speculate_heads
+from ..decoding.session import default_prefill
 from ..lm.tokenizer import LMTokenizer
 
 WORKLOAD = Path(__file__).parent / "data" / "lm_workload.json"
@@ -37,8 +38,6 @@ ROWS = [  # (row name, target precision, speculative, prompt lookup)
     ("int8 + draft + lookup", "int8", True, LOOKUP),  # heads bundles only
     ("int4 + draft + lookup", "int4", True, LOOKUP),
 ]
-
-PREFILL = {"int4": "int8"}  # the int4 rows prefill through the bundle's int8 graph when it has one (docs/LM.md)
 
 _T0 = time.monotonic()
 
@@ -182,9 +181,7 @@ def make_rows(bundle: Bundle, threads: list[int]) -> tuple[list[Row], list[dict]
             if lookup and spec_mode != "heads":
                 skipped.append({"name": name, "threads": t, "note": "prompt lookup runs with draft heads only"})
                 continue
-            prefill = PREFILL.get(prec)
-            if prefill and not bundle.decoder_layout("target", prec) == bundle.decoder_layout("target", prefill) == "fused":
-                prefill = None  # the bundle has no such pair of fused graphs: the row prefills in its own
+            prefill = default_prefill(bundle, "target", prec)  # int4 rows: through the int8 graph
             row = Row(name, prec, spec_mode if speculative else "plain", t,
                       open_decoder(bundle, "target", prec, t, name=f"{name} @{t}t", prefill_precision=prefill),
                       lookup=lookup)

@@ -25,9 +25,10 @@ speculative decoding still equals plain greedy.
 
 A second graph of the same model for prefills (`prefill_path`, e.g. the int8 graph beside an int4
 one): `prefill` runs through it, on the same KV buffers (both graphs bind [1, kv, C, D] per layer),
-`forward` (decoding steps, verify passes) through the main graph. ONNX Runtime's 4-bit kernel takes a prefill row by row, so an int4 session's prefill is
-its slowest part (SmolLM2: 241 ms for 64 tokens against 130 ms through the int8 graph, docs/LM.md).
-Plain and speculative decoding prefill alike, so speculative still equals plain greedy.
+`forward` (decoding steps, verify passes) through the main graph. ONNX Runtime's 4-bit kernel is
+slow on many rows (SmolLM2: a 64-token prefill 241 ms through the int4 graph, 130 ms through the
+int8 one; docs/BENCHMARKS.md). Plain and speculative decoding prefill alike, so speculative still
+equals plain greedy.
 
 Same public interface as `DecoderSession` (forward, prefill, rewind, reset, length, tokens, ...),
 so `greedy` and `speculate` run on either.

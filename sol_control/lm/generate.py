@@ -91,10 +91,13 @@ def speculative(target, draft, prefix: np.ndarray, max_new_tokens: int, stop_ids
 
 def generate(bundle: Bundle, prefix: list[int], max_new_tokens: int, precision: str | None = None,
              use_draft: bool = True, threads: int = 1,
-             on_token: Callable[[int], None] = lambda t: None, lookup: int = 0) -> Generation:
+             on_token: Callable[[int], None] = lambda t: None, lookup: int = 0,
+             prefill_precision: str | None = None) -> Generation:
     """Greedy tokens after `prefix` from a verified bundle; speculative when it has a draft (or
-    draft heads) and `use_draft`."""
+    draft heads) and `use_draft`. The prompt is prefilled through `prefill_precision`'s graph
+    (default: `default_prefill`, int8 for an int4 target)."""
     from sol_control.decoding import open_decoder
+    from sol_control.decoding.session import default_prefill
 
     m = bundle.manifest
     precision = precision or ("fp32" if "fp32" in m.target.precisions else m.target.precisions[0])
@@ -109,7 +112,8 @@ def generate(bundle: Bundle, prefix: list[int], max_new_tokens: int, precision: 
         raise ValueError(f"prompt ids must lie in [0, {m.vocab.size}), got [{ids.min()}, {ids.max()}]")
     if len(ids) + max_new_tokens > m.max_context:
         raise ValueError(f"prompt {len(ids)} + {max_new_tokens} new tokens exceed max_context={m.max_context}")
-    target = open_decoder(bundle, "target", precision, threads=threads)
+    prefill = prefill_precision or default_prefill(bundle, "target", precision)
+    target = open_decoder(bundle, "target", precision, threads=threads, prefill_precision=prefill)
     stops = m.vocab.stop_ids
     if use_draft and m.draft is not None:
         draft_precision = precision if precision in m.draft.precisions else m.draft.precisions[0]
@@ -164,6 +168,9 @@ def add_arguments(p) -> None:
     p.add_argument("--no-draft", action="store_true", help="plain greedy even when the bundle has a draft")
     p.add_argument("--precision", choices=("fp32", "int8", "int4"), default=None,
                    help="the target's precision (default fp32)")
+    p.add_argument("--prefill-precision", choices=("fp32", "int8", "int4"), default=None,
+                   help="the graph that prefills the prompt (default: int8 for an int4 target when the bundle "
+                        "has it, else the target's own; give the target's precision to keep its own)")
     p.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads")
     p.add_argument("--lookup", type=int, default=0,
                    help="with draft heads: up to N prompt-lookup guesses where the text repeats (0 = off)")
@@ -178,7 +185,7 @@ def run(args) -> int:
     if not 0 <= args.lookup <= 32:
         raise ValueError(f"--lookup must be in 0..32, got {args.lookup}")
     gen = generate(bundle, ids, args.max_new_tokens, args.precision, not args.no_draft, args.threads, stream,
-                   args.lookup)
+                   args.lookup, args.prefill_precision)
     if gen.mode != "plain":  # the speculative engine returns the whole answer
         for token in gen.tokens:
             stream(token)
