@@ -251,7 +251,7 @@ class DecoderSession:
                 f"vocab {self.vocab}, context {self.length}/{self.max_context})")
 
 
-FASTER_PREFILL = {"int4": "int8"}  # ONNX Runtime's 4-bit kernel prefills row by row (docs/LM.md)
+FASTER_PREFILL = {"int4": "int8"}  # ONNX Runtime's 4-bit kernel is slow on many rows (docs/BENCHMARKS.md)
 
 
 def default_prefill(bundle, role: str, precision: str) -> str | None:
