@@ -77,6 +77,19 @@ def check_fused_signature(sess: ort.InferenceSession, where: str) -> tuple[int, 
     return n_layers, shape[1], shape[3], outputs["logits"].shape[-1], shape[2]
 
 
+def graph_traits(sess: ort.InferenceSession, where: str) -> tuple[int, int, int, int, int, int, int, bool]:
+    """A fused graph's (n_layers, kv_heads, head_dim, vocab, capacity C, query_pad, draft heads,
+    has probs), validated: what two graphs on one cache must share."""
+    signature = check_fused_signature(sess, where)
+    meta = sess.get_modelmeta().custom_metadata_map
+    pad = int(meta.get("query_pad", "0"))  # 1: attention runs one extra query row (cache row L+T)
+    if pad not in (0, 1):
+        raise ValueError(f"{where}: metadata query_pad must be 0 or 1, got {meta['query_pad']!r}")
+    outputs = {o.name: o for o in sess.get_outputs()}
+    heads = int(outputs["head_ids"].shape[-1]) if "head_ids" in outputs else 0
+    return (*signature, pad, heads, "probs" in outputs)  # graphs built before `probs` came have none
+
+
 class FusedDecoderSession:
     """A causal decoder in the fused layout with a KV cache of `max_context` positions (batch 1)."""
 
@@ -86,12 +99,9 @@ class FusedDecoderSession:
         self.name = name or Path(path).stem
         self.path = Path(path)
         self.session = self._open(path, options, threads)
-        where = f"decoder {self.path}"
-        self.n_layers, self.n_heads, self.head_dim, self.vocab, capacity = check_fused_signature(self.session, where)
-        meta = self.session.get_modelmeta().custom_metadata_map
-        self._pad = int(meta.get("query_pad", "0"))  # 1: attention runs one extra query row (cache row L+T)
-        if self._pad not in (0, 1):
-            raise ValueError(f"{where}: metadata query_pad must be 0 or 1, got {meta['query_pad']!r}")
+        self._traits = graph_traits(self.session, f"decoder {self.path}")
+        (self.n_layers, self.n_heads, self.head_dim, self.vocab, capacity, self._pad, self.draft_heads,
+         self._has_probs) = self._traits
         capacity -= self._pad
         if max_context is not None and not 0 < max_context <= capacity:
             raise ValueError(f"max_context must be in 1..{capacity} (the graph's KV length), got {max_context}")
@@ -112,17 +122,17 @@ class FusedDecoderSession:
         self.tokens = np.zeros(self.max_context, np.int64)  # the ids whose keys/values are in the cache
         self.length = 0
         self.calls = 0
-        outputs = {o.name: o for o in self.session.get_outputs()}
-        self.draft_heads = int(outputs["head_ids"].shape[-1]) if "head_ids" in outputs else 0
         self._heads = np.zeros(max(self.draft_heads, 1), np.int64)
         self._accepted = np.zeros(1, np.int64)
-        self._has_probs = "probs" in outputs  # graphs built before it came have none
         self._probs = np.zeros(self.max_rows, np.float32)
         self._main = _Binding(self.session)
         self._prefill = None
         if prefill_path is not None:
             self._prefill = _Binding(self._open(prefill_path, options, threads))
-            self._check_prefill_graph(Path(prefill_path))
+            traits = graph_traits(self._prefill.session, f"prefill graph {prefill_path}")
+            if traits != self._traits:
+                raise ValueError(f"prefill graph {prefill_path} does not match {self.path}: (layers, kv heads, "
+                                 f"head dim, vocab, capacity, query pad, draft heads, probs) {traits} vs {self._traits}")
         for b in (self._main, self._prefill):
             if b is not None:
                 self._bind_static(b, capacity + self._pad)
@@ -136,19 +146,6 @@ class FusedDecoderSession:
             return ort.InferenceSession(str(path), options or session_options(threads), providers=["CPUExecutionProvider"])
         except Exception as e:  # ORT's own exception types: invalid graph, unknown op, ...
             raise ValueError(f"decoder {path}: ONNX Runtime cannot load it: {e}") from None
-
-    def _check_prefill_graph(self, path: Path) -> None:
-        """The prefill graph must share the main graph's cache layout and outputs."""
-        sess = self._prefill.session
-        shape = check_fused_signature(sess, f"prefill graph {path}")
-        main = (self.n_layers, self.n_heads, self.head_dim, self.vocab, self._kv.shape[1] // (self.n_heads * self.head_dim))
-        outputs = {o.name: o for o in sess.get_outputs()}
-        heads = int(outputs["head_ids"].shape[-1]) if "head_ids" in outputs else 0
-        pad = int(sess.get_modelmeta().custom_metadata_map.get("query_pad", "0"))
-        if shape != main or heads != self.draft_heads or pad != self._pad or ("probs" in outputs) != self._has_probs:
-            raise ValueError(f"prefill graph {path} does not match {self.path}: (layers, kv heads, head dim, vocab, "
-                             f"capacity) {shape} vs {main}, draft heads {heads} vs {self.draft_heads}, query pad "
-                             f"{pad} vs {self._pad}, probs {'probs' in outputs} vs {self._has_probs}")
 
     def _bind_static(self, b: "_Binding", capacity: int) -> None:
         shape = (1, self.n_heads, capacity, self.head_dim)
