@@ -382,29 +382,45 @@ def tiny_heads(w: LlamaWeights, k: int = 3, offset: int = 40, n_out: int = 48, s
                       rng.standard_normal((k, n_out, h)).astype(np.float32), offset)
 
 
+def _silu(u: np.ndarray) -> np.ndarray:
+    return u / (1.0 + np.exp(-u))
+
+
 def _heads_reference(w: LlamaWeights, hidden_row: np.ndarray, vocab: int | None = None) -> np.ndarray:
     """argmax(w2_j (h + SiLU(w1_j h))) + offset for one hidden row [H] -> [K], as tools/train_heads.py
-    (w2 = None: every head through the lm_head, or its first `vocab` rows)."""
+    (w2 = None: every head through the lm_head, or its first `vocab` rows; chained heads, w_prev:
+    head j adds w_prev_j e, e the embedding of the row's argmax, then of head j - 1's guess)."""
     u = np.einsum("koi,i->ko", w.heads.w1, hidden_row)
-    hj = hidden_row[None, :] + u / (1.0 + np.exp(-u))
+    head = w.linear(w.lm_head_name)
+    if w.heads.w_prev is not None:
+        ids, prev = [], int(np.argmax(head @ hidden_row))
+        for j in range(w.heads.k):
+            e = w.tensors["model.embed_tokens.weight"][prev]
+            ids.append(prev := int(np.argmax(head[:vocab] @ (hidden_row + _silu(u[j] + w.heads.w_prev[j] @ e)))))
+        return np.array(ids)
+    hj = hidden_row[None, :] + _silu(u)
     if w.heads.w2 is None:
-        return (hj @ w.linear(w.lm_head_name)[:vocab].T).argmax(-1)
+        return (hj @ head[:vocab].T).argmax(-1)
     return np.einsum("kvh,kh->kv", w.heads.w2, hj).argmax(-1) + w.heads.token_offset
 
 
-@pytest.mark.parametrize("shared_head,vocab", [(False, None), (True, None), (True, 40)],
-                         ids=["own_w2", "lm_head", "lm_head_first_40"])
-def test_draft_heads_in_the_graph_match_a_numpy_reference(tmp_path, shared_head, vocab):
+@pytest.mark.parametrize("shared_head,vocab,chained", [(False, None, False), (True, None, False), (True, 40, False),
+                                                       (True, None, True), (True, 40, True)],
+                         ids=["own_w2", "lm_head", "lm_head_first_40", "chained", "chained_first_40"])
+def test_draft_heads_in_the_graph_match_a_numpy_reference(tmp_path, shared_head, vocab, chained):
     """The graph checks the guesses (the first one differing from the argmax of the row before it)
     and runs the heads on that row (through their own w2, the lm_head, or its first 40 rows:
-    heads_vocab); all against the numpy reference forward."""
+    heads_vocab; chained heads one after another, each reading the embedding of the token before its
+    guess); all against the numpy reference forward."""
+    from sol_control.graph.from_onnx import read_heads
     from sol_control.graph.weights import DraftHeads
     from sol_control.lm.reference import LlamaReference
 
     w = tiny_weights()
     w.heads = tiny_heads(w)
     if shared_head:
-        w.heads = DraftHeads(w.heads.w1, None, 0)
+        w_prev = (0.5 * np.random.default_rng(2).standard_normal(w.heads.w1.shape)).astype(np.float32)
+        w.heads = DraftHeads(w.heads.w1, None, 0, w_prev if chained else None)
     sess = FusedDecoderSession(build_decoder(w, tmp_path / "h.onnx", "fp32", heads_vocab=vocab))
     assert sess.draft_heads == 3
     ref = LlamaReference(w)
@@ -413,8 +429,11 @@ def test_draft_heads_in_the_graph_match_a_numpy_reference(tmp_path, shared_head,
     hid, want = ref.hidden(ids), ref.logits(ids)
     assert logits.shape == (1, 96) and sess.accepted == 0
     assert np.array_equal(sess.head_ids, _heads_reference(w, hid[-1], vocab))
-    if vocab is not None:  # the slice matters here: the whole head would guess other tokens
+    if vocab is not None and not chained:  # the slice matters here: the whole head would guess other tokens
         assert not np.array_equal(sess.head_ids, _heads_reference(w, hid[-1]))
+    if chained:  # and the chain matters: heads reading h alone would guess other tokens
+        unchained = LlamaWeights(w.config, w.tensors, heads=DraftHeads(w.heads.w1, None, 0))
+        assert not np.array_equal(sess.head_ids, _heads_reference(unchained, hid[-1], vocab))
     # a verify pass: the first guess right (the argmax after 7), the second wrong
     right = int(np.argmax(want[-1]))
     nxt = np.array([right, (int(np.argmax(ref.logits([*ids, right])[-1])) + 1) % 96], np.int64)
@@ -424,22 +443,29 @@ def test_draft_heads_in_the_graph_match_a_numpy_reference(tmp_path, shared_head,
     assert rows.shape == (3, 96) and sess.accepted == 1
     full = np.concatenate([ids, nxt])
     assert np.array_equal(sess.head_ids, _heads_reference(w, ref.hidden(full)[len(ids)], vocab))
+    back = read_heads(tmp_path / "h.onnx")  # what make_models --refresh-graphs rebuilds from
+    for name in ("w1", "w2", "w_prev"):
+        want_arr, got_arr = getattr(w.heads, name), getattr(back, name)
+        assert (want_arr is None and got_arr is None) or np.array_equal(want_arr, got_arr)
 
 
-@pytest.mark.parametrize("shared_head,vocab", [(False, None), (True, None), (True, 64)],
-                         ids=["own_w2", "lm_head", "lm_head_first_64"])
+@pytest.mark.parametrize("shared_head,vocab,chained", [(False, None, False), (True, None, False), (True, 64, False),
+                                                       (True, 64, True)],
+                         ids=["own_w2", "lm_head", "lm_head_first_64", "chained_first_64"])
 @pytest.mark.parametrize("precision", ["fp32", "int4", "int8"])
-def test_speculation_with_the_targets_own_heads_equals_plain_greedy(tmp_path, precision, shared_head, vocab):
+def test_speculation_with_the_targets_own_heads_equals_plain_greedy(tmp_path, precision, shared_head, vocab, chained):
     """Whatever the heads guess, the output is plain greedy's, token for token, on every precision.
-    Heads that repeat the target's next token (w1 = 0, w2 = its lm_head, or the lm_head itself)
-    are right wherever the tiny random model repeats itself and wrong elsewhere, so both paths of
-    the rule run."""
+    Heads that repeat the target's next token (w1 = 0, w2 = its lm_head, or the lm_head itself;
+    chained: plus a little of the previous token's embedding) are right wherever the tiny random
+    model repeats itself and wrong elsewhere, so both paths of the rule run."""
     from sol_control.decoding import speculate_heads
     from sol_control.graph.weights import DraftHeads
 
     w = tiny_weights(seed=3)
     head = w.tensors["lm_head.weight"]
-    w.heads = DraftHeads(np.zeros((4, 64, 64), np.float32), None if shared_head else np.repeat(head[None], 4, 0), 0)
+    w_prev = (0.05 * np.random.default_rng(4).standard_normal((4, 64, 64))).astype(np.float32) if chained else None
+    w.heads = DraftHeads(np.zeros((4, 64, 64), np.float32), None if shared_head else np.repeat(head[None], 4, 0), 0,
+                         w_prev)
     sess = FusedDecoderSession(build_decoder(w, tmp_path / f"h_{precision}.onnx", precision, heads_vocab=vocab))
     rng = np.random.default_rng(5)
     accepted = rejected = 0

@@ -52,12 +52,27 @@ def _tool(name: str):
     return module
 
 
-def write_heads(path: Path, hidden: int, k: int = K, seed: int = 0, scale: float = 0.02) -> Path:
+def write_heads(path: Path, hidden: int, k: int = K, seed: int = 0, scale: float = 0.02, chain: bool = False,
+                prev_hidden: int | None = None) -> Path:
+    """w1 (and with `chain`, w_prev [K, prev_hidden or hidden, hidden]) of small random numbers."""
     from sol_control.graph.weights import DraftHeads
 
-    w1 = (scale * np.random.default_rng(seed).standard_normal((k, hidden, hidden))).astype(np.float32)
-    DraftHeads(w1, None, 0).save(path)
+    rng = np.random.default_rng(seed)
+    w1 = (scale * rng.standard_normal((k, hidden, hidden))).astype(np.float32)
+    w_prev = (scale * rng.standard_normal((k, prev_hidden or hidden, hidden))).astype(np.float32) if chain else None
+    DraftHeads(w1, None, 0, w_prev).save(path)
     return path
+
+
+def _import_with_heads(root: Path, chain: bool) -> tuple[Path, Path, Path]:
+    """(GGUF path, heads file, bundle imported with those heads and int8,int4) of the tiny model."""
+    vocab = tiny_vocab()
+    config = replace(tiny_config(len(vocab.tokens), tie_embeddings=True), max_context=512)
+    path = write_llama_gguf(root / "tiny.gguf", random_llama(config, seed=11), vocab, embed_type=Q.Q8_0)
+    heads = write_heads(root / "heads.npz", config.hidden_size, chain=chain)
+    bundle = root / "bundle"
+    assert main(["import", str(path), "--out", str(bundle), "--quantize", "int8,int4", "--heads", str(heads)]) == 0
+    return path, heads, bundle
 
 
 @pytest.fixture(scope="module")
@@ -65,12 +80,16 @@ def tiny(tmp_path_factory):
     """(GGUF path, heads file, bundle imported with --heads and int8,int4, the reader's weights)."""
     from sol_control.lm.gguf_reader import read_gguf_weights
 
-    root, vocab = tmp_path_factory.mktemp("lm_heads"), tiny_vocab()
-    config = replace(tiny_config(len(vocab.tokens), tie_embeddings=True), max_context=512)
-    path = write_llama_gguf(root / "tiny.gguf", random_llama(config, seed=11), vocab, embed_type=Q.Q8_0)
-    heads = write_heads(root / "heads.npz", config.hidden_size)
-    bundle = root / "bundle"
-    assert main(["import", str(path), "--out", str(bundle), "--quantize", "int8,int4", "--heads", str(heads)]) == 0
+    path, heads, bundle = _import_with_heads(tmp_path_factory.mktemp("lm_heads"), chain=False)
+    return path, heads, bundle, read_gguf_weights(path)
+
+
+@pytest.fixture(scope="module")
+def chained(tmp_path_factory):
+    """The same with chained heads (w_prev: each head also reads the token before its guess)."""
+    from sol_control.lm.gguf_reader import read_gguf_weights
+
+    path, heads, bundle = _import_with_heads(tmp_path_factory.mktemp("lm_chained"), chain=True)
     return path, heads, bundle, read_gguf_weights(path)
 
 
@@ -103,11 +122,15 @@ def test_import_puts_the_heads_into_every_target_graph(tiny):
             np.testing.assert_array_equal(init["heads.w1.s8.T"], q.T)
 
 
+@pytest.mark.parametrize("heads_kind", ["tiny", "chained"])
 @pytest.mark.parametrize("precision", ["fp32", "int8", "int4"])
-def test_generation_with_heads_equals_plain_greedy(tiny, tmp_path, precision):
+def test_generation_with_heads_equals_plain_greedy(request, tmp_path, precision, heads_kind):
     """Lossless: the heads' tokens are plain greedy's at every precision (fp32: also the numpy
-    reference's); over the prompts some guesses are accepted and some rejected."""
-    _, _, bundle, weights = tiny
+    reference's), with heads and with chained heads; over the prompts some guesses are accepted and
+    some rejected."""
+    _, _, bundle, weights = request.getfixturevalue(heads_kind)
+    if heads_kind == "chained":
+        assert Bundle.load(bundle).manifest.metrics["import"]["target"]["heads"]["chained"] is True
     accepted = []
     for prompt in PROMPTS:
         heads = generate(bundle, tmp_path, prompt, "--max-new-tokens", "16", "--precision", precision)
@@ -147,6 +170,7 @@ def _non_finite(d: Path) -> Path:
     (lambda d: write_heads(d / "h.npz", 32), "expected [K, 64, 64]"),
     (lambda d: write_heads(d / "h.npz", 64, k=17), "K in 1..16"),
     (_non_finite, "non-finite"),
+    (lambda d: write_heads(d / "h.npz", 64, chain=True, prev_hidden=32), "w_prev (3, 32, 64) must be"),
 ])
 def test_bad_heads_fail_clearly(tiny, tmp_path, capsys, make, message):
     path = tiny[0]
@@ -182,6 +206,8 @@ def test_head_labels_are_the_tokens_j_ahead_inside_one_answer():
     assert rows.tolist() == [0, 1, 2, 4]  # each answer's last row predicts nothing: left out
     x = T.IGNORE
     assert labels.tolist() == [[11, 12, 13], [12, 13, x], [13, x, x], [21, x, x]]
+    # chained heads read the token before their label: the row's own, then labels 1..K-1 (0 past the end)
+    assert T.prev_tokens(answers, rows, labels).tolist() == [[10, 11, 12], [11, 12, 13], [12, 13, 0], [20, 21, 0]]
 
 
 def test_validation_split_and_acceptance_estimate():

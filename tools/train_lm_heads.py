@@ -133,52 +133,81 @@ def _fake_int8(x, levels: int = 127):
 
 class LMHeads:
     """K residual heads on the frozen lm_head (torch). Training reads the head's rows for `vocab`
-    only (the tokens of the data, see `train`); prediction always spans the whole vocabulary."""
+    only (the tokens of the data, see `train`); prediction always spans the whole vocabulary.
+    `chain`: each head also reads the (tied) embedding e of the token before its guess,
+    h_j = h + SiLU(W1_j h + Wp_j e) (DraftHeads.w_prev); training feeds the true tokens (teacher
+    forcing), which is what the graph feeds whenever the guesses before are right."""
 
-    def __init__(self, lm_head: np.ndarray, k: int, int8: bool = True):
+    def __init__(self, lm_head: np.ndarray, k: int, int8: bool = True, chain: bool = False):
         import torch
 
         vocab, hidden = lm_head.shape
         self.w1 = torch.zeros(k, hidden, hidden, requires_grad=True)  # [K, H_out, H_in]
-        self.lm_head = torch.from_numpy(lm_head)  # [V, H], frozen
+        self.w_prev = torch.zeros(k, hidden, hidden, requires_grad=True) if chain else None
+        self.lm_head = torch.from_numpy(lm_head)  # [V, H], frozen; tied: the embedding too
         self.int8 = int8
         self.ce = _vocab_ce()
 
-    def hidden(self, h):  # h [B, H] -> h_j [B, K, H]
+    @property
+    def params(self) -> list:
+        return [self.w1] + ([self.w_prev] if self.w_prev is not None else [])
+
+    def _q(self, x, levels: int = 127):
+        return _fake_int8(x, levels) if self.int8 else x
+
+    def hidden(self, h, prev=None):
+        """h [B, H] -> h_j [B, K, H]; prev [B, K] the token before each head's guess (chain only).
+        With int8, as the int8 graph: weights per output channel, inputs and h_j per row
+        (straight-through)."""
         import torch
 
-        w1 = self.w1
-        if self.int8:  # as the int8 graph: W1 per output channel, h and h_j per row (straight-through)
-            w1, h_in = _fake_int8(w1), _fake_int8(h, ROW_LEVELS)
-        else:
-            h_in = h
-        hj = h[:, None, :] + torch.nn.functional.silu(torch.einsum("koi,bi->bko", w1, h_in))
-        return _fake_int8(hj, ROW_LEVELS) if self.int8 else hj
+        pre = torch.einsum("koi,bi->bko", self._q(self.w1), self._q(h, ROW_LEVELS))
+        if self.w_prev is not None:
+            pre = pre + torch.einsum("koi,bki->bko", self._q(self.w_prev), self._q(self.lm_head[prev], ROW_LEVELS))
+        hj = h[:, None, :] + torch.nn.functional.silu(pre)
+        return self._q(hj, ROW_LEVELS)
 
-    def loss(self, h, labels, head_e):
+    def loss(self, h, labels, head_e, prev=None):
         """The mean over heads of each head's mean cross-entropy (labels [B, K] index head_e's
         rows, IGNORE = none)."""
         b, k = labels.shape
         ok = labels != IGNORE
         row_w = (ok.float() / ok.sum(0).clamp_min(1).float()[None, :] / k).reshape(-1)  # [B*K]
-        x = self.hidden(h).reshape(b * k, -1)
+        x = self.hidden(h, prev).reshape(b * k, -1)
         loss = self.ce.apply(x, head_e, labels.clamp_min(0).reshape(-1), row_w)
         return loss
 
-    def predict(self, h, batch: int = 1024) -> np.ndarray:
+    def predict(self, h, first: np.ndarray, batch: int = 1024) -> np.ndarray:
         """Each head's argmax over the whole vocabulary [M, K] (fp32 product; with int8, the numbers
-        of the int8 graph up to its integer accumulation)."""
+        of the int8 graph up to its integer accumulation). Chained heads run as the graph runs them:
+        head 1 reads `first` [M] (the row's own token), head j head j - 1's guess."""
         import torch
 
-        out = []
+        out, k = [], self.w1.shape[0]
         with torch.no_grad():
             for i in range(0, len(h), batch):
                 hb = torch.from_numpy(h[i:i + batch].astype(np.float32))
-                out.append((self.hidden(hb) @ self.lm_head.T).argmax(-1).numpy())
+                if self.w_prev is None:
+                    out.append((self.hidden(hb) @ self.lm_head.T).argmax(-1).numpy())
+                    continue
+                prev = torch.from_numpy(first[i:i + batch]).long()[:, None].repeat(1, k)
+                for j in range(k):  # head j's guess becomes head j + 1's input
+                    guess = (self.hidden(hb, prev)[:, j] @ self.lm_head.T).argmax(-1)
+                    prev[:, j + 1:] = guess[:, None]
+                out.append(torch.cat([prev[:, 1:], guess[:, None]], 1).numpy())
         return np.concatenate(out)
 
-    def arrays(self, k: int | None = None) -> np.ndarray:
-        return self.w1.detach().numpy()[:k].astype(np.float32)
+    def draft_heads(self, k: int | None = None):
+        from sol_control.graph.weights import DraftHeads
+
+        w1, wp = (None if w is None else w.detach().numpy()[:k].astype(np.float32) for w in (self.w1, self.w_prev))
+        return DraftHeads(w1, None, 0, wp)
+
+
+def prev_tokens(answers: np.ndarray, rows: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """[M, K] the token before each head's label: the row's own answer token, then labels 1..K-1
+    (0 where the answer has ended: that head has no label either)."""
+    return np.concatenate([answers[rows][:, None], np.maximum(labels[:, :-1], 0)], 1)
 
 
 def acceptance(pred: np.ndarray, labels: np.ndarray) -> dict:
@@ -192,7 +221,7 @@ def acceptance(pred: np.ndarray, labels: np.ndarray) -> dict:
                                 for k in range(1, labels.shape[1] + 1)]}
 
 
-def train(heads: LMHeads, h: np.ndarray, labels: np.ndarray, steps: int, lr: float, batch: int,
+def train(heads: LMHeads, h: np.ndarray, labels: np.ndarray, prev: np.ndarray, steps: int, lr: float, batch: int,
           seed: int = 0, log_every: int = 50) -> dict:
     """AdamW on W1 (warm-up, cosine), rows drawn at random; the softmax spans the tokens that occur as
     labels (`vocab`), the rest of the vocabulary never being a target."""
@@ -204,7 +233,7 @@ def train(heads: LMHeads, h: np.ndarray, labels: np.ndarray, steps: int, lr: flo
     remap[vocab] = np.arange(len(vocab))
     local = np.where(labels == IGNORE, IGNORE, remap[np.maximum(labels, 0)])  # labels in vocab's order
     head_e = heads.lm_head[torch.from_numpy(vocab)].to(head_dtype()).contiguous()  # [V', H]
-    opt = torch.optim.AdamW([heads.w1], lr=lr, weight_decay=0.0)
+    opt = torch.optim.AdamW(heads.params, lr=lr, weight_decay=0.0)
     warm = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
@@ -212,7 +241,8 @@ def train(heads: LMHeads, h: np.ndarray, labels: np.ndarray, steps: int, lr: flo
     t0, smooth = time.monotonic(), None
     for step in range(steps):
         idx = np.sort(rng.integers(0, len(h), batch))
-        loss = heads.loss(torch.from_numpy(h[idx].astype(np.float32)), torch.from_numpy(local[idx]), head_e)
+        loss = heads.loss(torch.from_numpy(h[idx].astype(np.float32)), torch.from_numpy(local[idx]), head_e,
+                          torch.from_numpy(prev[idx]))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -314,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--lr", type=float, default=3e-3)
     t.add_argument("--int8", action=argparse.BooleanOptionalAction, default=True,
                    help="train through the int8 graph's numbers (default on)")
+    t.add_argument("--chain", action="store_true",
+                   help="chained heads: each also reads the embedding of the token before its guess (w_prev)")
     t.add_argument("--threads", type=int, default=1)
     t.add_argument("--out", type=Path, default=ROOT / ".work/lm/heads",
                    help="folder for smollm2_heads_k{k}.npz (DraftHeads, w1 only) and train_report.json")
@@ -344,14 +376,14 @@ def main(argv: list[str] | None = None) -> int:
 def train_main(args) -> int:
     import torch
 
-    from sol_control.graph.weights import DraftHeads
-
     torch.set_num_threads(args.threads)
     t0 = time.monotonic()
     ex = D.load_examples(args.data)
     if ex.hidden is None:
         raise SystemExit(f"{args.data} holds no hidden rows: regenerate with tools/lm_selfdistill.py")
-    rows, labels = head_labels(answers_flat(ex), ex.answer_lengths(), args.heads)
+    answers = answers_flat(ex)
+    rows, labels = head_labels(answers, ex.answer_lengths(), args.heads)
+    prev = prev_tokens(answers, rows, labels)
     train_mask, val_mask = split_rows(ex)
     tr, va = rows[train_mask[rows]], rows[val_mask[rows]]
     ltr, lva = labels[train_mask[rows]], labels[val_mask[rows]]
@@ -361,17 +393,18 @@ def train_main(args) -> int:
     print(f"{len(ex)} answers, {len(tr)} train rows, {len(va)} validation rows, {time.monotonic() - t0:.0f} s",
           flush=True)
     h_tr, h_va = ex.hidden[tr], ex.hidden[va]
-    heads = LMHeads(lm_head, args.heads, int8=args.int8)
-    before = acceptance(heads.predict(h_va), lva)  # w1 = 0: "the next token" again
-    info = train(heads, h_tr, ltr, args.steps, args.lr, args.batch)
-    after = acceptance(heads.predict(h_va), lva)
-    report = {"heads": args.heads, "int8": args.int8, "answers": len(ex), "train_rows": int(len(tr)),
+    heads = LMHeads(lm_head, args.heads, int8=args.int8, chain=args.chain)
+    first_va = answers[va]  # each validation row's own token: the first chained head's input
+    before = acceptance(heads.predict(h_va, first_va), lva)  # w1 = 0: "the next token" again
+    info = train(heads, h_tr, ltr, prev[train_mask[rows]], args.steps, args.lr, args.batch)
+    after = acceptance(heads.predict(h_va, first_va), lva)
+    report = {"heads": args.heads, "chain": args.chain, "int8": args.int8, "answers": len(ex), "train_rows": int(len(tr)),
               "validation_rows": int(len(va)), **info, "validation_w1_zero": before, "validation": after}
     args.out.mkdir(parents=True, exist_ok=True)
     for k in [int(x) for x in args.save_k.split(",") if x.strip()] or [args.heads]:
         if not 1 <= k <= args.heads:
             raise SystemExit(f"--save-k {k}: trained {args.heads} heads")
-        DraftHeads(heads.arrays(k), None, 0).save(args.out / f"smollm2_heads_k{k}.npz")
+        heads.draft_heads(k).save(args.out / f"smollm2_heads_k{k}.npz")
     (args.out / "train_report.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
     return 0

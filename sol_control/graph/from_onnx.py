@@ -245,7 +245,8 @@ def read_heads(path: str | Path) -> "DraftHeads | None":
     w1 = numpy_helper.to_array(init["heads.w1"])  # [H, K*H] = w1.transpose(2, 0, 1).reshape(H, K*H)
     hidden = w1.shape[0]
     w1 = np.ascontiguousarray(w1.reshape(hidden, k, hidden).transpose(1, 2, 0))
-    if "heads.w2" not in init:  # heads through the lm_head
-        return DraftHeads(w1, None, 0)
+    if "heads.w2" not in init:  # heads through the lm_head, perhaps chained (w_prev)
+        w_prev = [numpy_helper.to_array(init[f"heads.w_prev.{j}.T"]).T for j in range(k) if f"heads.w_prev.{j}.T" in init]
+        return DraftHeads(w1, None, 0, np.ascontiguousarray(np.stack(w_prev)) if w_prev else None)
     w2 = np.ascontiguousarray(numpy_helper.to_array(init["heads.w2"]).transpose(0, 2, 1))  # [K, n_out, H]
     return DraftHeads(w1, w2, int(numpy_helper.to_array(init["heads.offset"]).reshape(-1)[0]))

@@ -56,7 +56,10 @@ allowed; otherwise (`heads_int8`) their weights are int8 per channel as the int8
 integer GEMM per head; the argmax needs no row scale). Heads that read the model's own lm_head
 cost K more lm_head rows a call (on SmolLM2 about as much as the rest of a one-token call);
 `heads_vocab` n has them read its first n rows only, so they guess among tokens [0, n) (a BPE
-vocabulary's most frequent: 88 % of SmolLM2's answer tokens lie below 8192).
+vocabulary's most frequent: 88 % of SmolLM2's answer tokens lie below 8192). Chained heads
+(`DraftHeads.w_prev`) also read the input embedding of the token before their guess, so they run
+one after another inside the same call: head 1 reads the row's own argmax, head j the guess of head
+j - 1 (K one-row products instead of one K-row product).
 
 Precisions ("fp32", "int4", "int8"): the quantized ones put every linear into `MatMulNBits`
 (block `block_size` along the input features, `accuracy_level` 4 = int8 activations):
@@ -327,19 +330,21 @@ def rotary_tables(head_dim: int, theta: float, positions: int) -> tuple[np.ndarr
     return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
 
 
-def _embedding(g: _Writer, weights: LlamaWeights, opts: BuildOptions) -> str:
-    """Gather of the fp32 table, or GatherBlockQuantized of the tied quantized head's table."""
+def _embedding(g: _Writer, weights: LlamaWeights, opts: BuildOptions, ids: str = INPUT_IDS,
+               out: str = "embeddings") -> str:
+    """ids' rows of the input embedding: Gather of the fp32 table, or GatherBlockQuantized of the tied
+    quantized head's table."""
     name = "model.embed_tokens.weight"
     head_bits = opts.head_bits if opts.precision != "fp32" else None
     if weights.config.tie_embeddings and head_bits is not None and not _given_int4(weights, [name], opts):
         b = _blocks(weights, name, head_bits, True if head_bits == 8 else opts.body_symmetric, opts)
-        inputs = [g.const(f"{name}.q{head_bits}.table", b.packed.reshape(b.n, -1)), INPUT_IDS,
+        inputs = [g.const(f"{name}.q{head_bits}.table", b.packed.reshape(b.n, -1)), ids,
                   g.const(f"{name}.table_scales", b.scales)]
         if b.zero_points is not None:
             inputs.append(g.const(f"{name}.table_zero_points", b.zero_points))
-        return g.node("GatherBlockQuantized", inputs, ["embeddings"], MS_DOMAIN, bits=head_bits,
+        return g.node("GatherBlockQuantized", inputs, [out], MS_DOMAIN, bits=head_bits,
                       block_size=b.block_size, gather_axis=0, quantize_axis=1)[0]
-    return g.node("Gather", [g.const(name, weights.linear(name)), INPUT_IDS], ["embeddings"])[0]
+    return g.node("Gather", [g.const(name, weights.linear(name)), ids], [out])[0]
 
 
 def _layer(g: _Writer, weights: LlamaWeights, opts: BuildOptions, i: int, x: str, residual: str | None) -> tuple[str, str]:
@@ -417,16 +422,16 @@ def _draft_heads(g: _Writer, rows: str, best: str, weights: LlamaWeights, opts: 
     else:
         w1 = g.const("heads.w1", np.ascontiguousarray(heads.w1.transpose(2, 0, 1).reshape(hidden, k * hidden)))
         u = g.node("MatMul", [row, w1], ["heads.u"])[0]  # [1, 1, K*H]
+    if heads.w_prev is not None:
+        return _chained_heads(g, row, u, best, n, weights, opts, int8)
     g.const("heads.shape", np.array([k, hidden], np.int64))
     u2 = g.node("Reshape", [u, "heads.shape"], ["heads.u2"])[0]  # [K, H]
     act = g.node("QuickGelu", [u2], ["heads.silu"], MS_DOMAIN, alpha=1.0)[0]
     g.const("heads.row_shape", np.array([1, hidden], np.int64))
     base = g.node("Reshape", [row, "heads.row_shape"], ["heads.h2"])[0]  # [1, H]
     hj = g.node("Add", [base, act], ["heads.hj"])[0]  # [K, H]
-    if heads.shared_head and opts.heads_vocab is not None and opts.heads_vocab < weights.config.vocab_size:
-        logits = _head_slice(g, hj, weights, opts.heads_vocab, _heads_mode(opts) if int8 else None)
-    elif heads.shared_head:  # the K rows through the model's own lm_head, as a K-row call would run it
-        logits = _lm_head(g, _heads_batch(g, hj), "heads.logits", weights, opts)  # [1, K, vocab]
+    if heads.shared_head:  # the K rows as one call's rows [1, K, H]
+        logits = _head_logits(g, _heads_batch(g, hj), "heads.logits", weights, opts, _heads_mode(opts) if int8 else None)
     elif int8:  # K rows, each through its own head's int8 w2 (argmax needs no row scale)
         hk = _heads_batch(g, hj)
         hq, _ = _row_quant(g, hk, _input_mode(g, hk, _heads_mode(opts)))  # [1, K, H] uint8
@@ -451,6 +456,46 @@ def _draft_heads(g: _Writer, rows: str, best: str, weights: LlamaWeights, opts: 
     g.node("Add", [ids3, "heads.offset"], [HEAD_IDS])
 
 
+def _chained_heads(g: _Writer, row: str, u: str, best: str, n: str, weights: LlamaWeights, opts: BuildOptions,
+                   int8: bool) -> None:
+    """head_ids [1, 1, K] of heads that also read the embedding e of the token before their guess
+    (DraftHeads.w_prev), one after another: head 1 reads the argmax of row n (the token the call
+    emits there), head j > 1 head j - 1's guess. u [1, 1, K*H] = the heads' w1 @ h."""
+    heads, k = weights.heads, weights.heads.k
+    mode = _heads_mode(opts) if int8 else None
+    prev = g.node("Gather", [best, n], ["heads.prev0"], axis=1)[0]  # [1, 1]
+    parts = g.node("Split", [u], [f"heads.u{j}" for j in range(k)], axis=-1, num_outputs=k)
+    ids = []
+    for j, uj in enumerate(parts):
+        e = _embedding(g, weights, opts, prev, f"heads.e{j}")  # [1, 1, H]
+        if mode:
+            v = _integer_linear(g, e, f"heads.v{j}", f"heads.w_prev.{j}", heads.w_prev[j], mode)
+        else:
+            w_prev = g.const(f"heads.w_prev.{j}.T", np.ascontiguousarray(heads.w_prev[j].T))
+            v = g.node("MatMul", [e, w_prev], [f"heads.v{j}"])[0]
+        act = g.node("QuickGelu", [g.node("Add", [uj, v], [f"heads.pre{j}"])[0]], [f"heads.silu{j}"], MS_DOMAIN,
+                     alpha=1.0)[0]
+        hj = g.node("Add", [row, act], [f"heads.hj{j}"])[0]  # [1, 1, H]
+        logits = _head_logits(g, hj, f"heads.logits{j}", weights, opts, mode)
+        prev = g.node("ArgMax", [logits], [f"heads.best{j}"], axis=-1, keepdims=0)[0]  # [1, 1]
+        ids.append(prev)
+    g.const("heads.out_shape", np.array([1, 1, k], np.int64))
+    g.node("Reshape", [g.node("Concat", ids, ["heads.ids"], axis=1)[0], "heads.out_shape"], [HEAD_IDS])
+
+
+def _head_logits(g: _Writer, x: str, out: str, weights: LlamaWeights, opts: BuildOptions, int8_mode: str | None) -> str:
+    """Rows x [1, R, H] of heads on the lm_head -> logits [1, R, n]: over its first n = heads_vocab
+    rows (int8 per channel on single rows in quantized graphs, an argmax needs no more; fp32
+    otherwise), or through the lm_head itself as the graph's own rows."""
+    n = opts.heads_vocab
+    if n is None or n >= weights.config.vocab_size:
+        return _lm_head(g, x, out, weights, opts)
+    w = weights.linear(weights.lm_head_name)[:n]  # [n, H]
+    if int8_mode:
+        return _integer_linear(g, x, out, "heads.vocab_slice", w, int8_mode)
+    return g.node("MatMul", [x, g.const("heads.vocab_slice.T", np.ascontiguousarray(w.T))], [out])[0]
+
+
 def _heads_batch(g: _Writer, hj: str) -> str:
     """The K heads' rows hj [K, H] as one call's rows [1, K, H]."""
     g.const("heads.axis0", np.array([0], np.int64))
@@ -460,17 +505,6 @@ def _heads_batch(g: _Writer, hj: str) -> str:
 def _heads_mode(opts: BuildOptions) -> str:
     """The heads' int8 activations: one row each ("rows"; an argmax needs no more), or "static"."""
     return "static" if opts.int8_activations == "static" else "rows"
-
-
-def _head_slice(g: _Writer, hj: str, weights: LlamaWeights, n: int, int8_mode: str | None) -> str:
-    """The K heads' rows hj [K, H] through the lm_head's first n rows (tokens [0, n): with a BPE
-    vocabulary the frequent ones) -> logits [1, K, n]: int8 per channel on single 7-bit rows in
-    quantized graphs (an argmax needs no more), fp32 otherwise."""
-    hk = _heads_batch(g, hj)
-    w = weights.linear(weights.lm_head_name)[:n]  # [n, H]
-    if int8_mode:
-        return _integer_linear(g, hk, "heads.logits", "heads.vocab_slice", w, int8_mode)
-    return g.node("MatMul", [hk, g.const("heads.vocab_slice.T", np.ascontiguousarray(w.T))], ["heads.logits"])[0]
 
 
 def _lm_head(g: _Writer, x: str, out: str, weights: LlamaWeights, opts: BuildOptions) -> str:

@@ -79,11 +79,16 @@ class DraftHeads:
     head j guesses the token after the next as argmax(w2[j] @ (h + SiLU(w1[j] @ h))) + token_offset,
     over `n_out` tokens from `token_offset` (a policy's action tokens). `w2 = None`: every head
     reads the model's own lm_head instead (Medusa-1 on a language model, whose vocabulary-wide head
-    is too big to copy per head; tools/train_lm_heads.py), over the whole vocabulary."""
+    is too big to copy per head; tools/train_lm_heads.py), over the whole vocabulary.
+
+    `w_prev` [K, hidden, hidden] (optional, heads on the lm_head only): each head also reads the
+    input embedding e of the token before its guess (Hydra style), h + SiLU(w1[j] @ h + w_prev[j] @ e):
+    head 1 the row's own argmax, head j > 1 head j - 1's guess, so the heads run one after another."""
 
     w1: np.ndarray  # [K, hidden, hidden] float32
     w2: np.ndarray | None  # [K, n_out, hidden] float32, or None: the lm_head
     token_offset: int = 0
+    w_prev: np.ndarray | None = None  # [K, hidden, hidden] float32, or None: heads read h only
 
     @property
     def k(self) -> int:
@@ -100,6 +105,9 @@ class DraftHeads:
             shape = None if self.w2 is None else self.w2.shape
             raise ValueError(f"DraftHeads: w1 {self.w1.shape} / w2 {shape} do not fit {k} heads "
                              f"on hidden size {hidden}")
+        if self.w_prev is not None and (self.w_prev.shape != self.w1.shape or self.w2 is not None):
+            raise ValueError(f"DraftHeads: w_prev {self.w_prev.shape} must be [K, hidden, hidden] like w1 "
+                             f"{self.w1.shape}, on heads that read the lm_head (no w2)")
         n_out = vocab if self.w2 is None else self.w2.shape[1]
         if self.w2 is None and self.token_offset:
             raise ValueError(f"DraftHeads: heads on the lm_head cover the whole vocabulary, token_offset "
@@ -110,16 +118,17 @@ class DraftHeads:
 
     @classmethod
     def load(cls, path) -> DraftHeads:
-        """From the .npz tools/train_heads.py or train_lm_heads.py writes (w1, optional w2,
-        token_offset; no pickles)."""
+        """From the .npz tools/train_heads.py or train_lm_heads.py writes (w1, optional w2 and
+        w_prev, token_offset; no pickles)."""
         with np.load(path, allow_pickle=False) as z:
-            w2 = z["w2"].astype(np.float32) if "w2" in z.files else None
-            return cls(z["w1"].astype(np.float32), w2, int(z["token_offset"]))
+            w2, w_prev = (z[n].astype(np.float32) if n in z.files else None for n in ("w2", "w_prev"))
+            return cls(z["w1"].astype(np.float32), w2, int(z["token_offset"]), w_prev)
 
     def save(self, path) -> None:
         arrays = {"w1": self.w1.astype(np.float32), "token_offset": np.int64(self.token_offset)}
-        if self.w2 is not None:
-            arrays["w2"] = self.w2.astype(np.float32)
+        for name in ("w2", "w_prev"):
+            if getattr(self, name) is not None:
+                arrays[name] = getattr(self, name).astype(np.float32)
         np.savez(path, **arrays)
 
 

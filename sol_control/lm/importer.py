@@ -122,7 +122,7 @@ HEADS_VOCAB = 8192
 
 
 def read_heads(path: Path):
-    """The DraftHeads of an .npz (w1 [K, hidden, hidden], optional w2, token_offset; no pickles);
+    """The DraftHeads of an .npz (w1 [K, hidden, hidden], optional w2 or w_prev, token_offset; no pickles);
     ValueError naming the file when it is missing, not an npz, pickled or incomplete."""
     from sol_control.graph.weights import DraftHeads
 
@@ -140,11 +140,11 @@ def read_heads(path: Path):
         raise ValueError(f"--heads {str(path)!r} is not a plain .npz of draft heads: {err}") from None
     if heads is None:
         raise ValueError(f"--heads {str(path)!r} has no {', '.join(missing)} array (a DraftHeads .npz holds "
-                         f"w1, token_offset and optionally w2)")
+                         f"w1, token_offset and optionally w2 or w_prev)")
     if heads.w1.ndim != 3 or not 1 <= heads.k <= MAX_HEADS:
         raise ValueError(f"--heads {str(path)!r}: w1 must be [K, hidden, hidden] with K in 1..{MAX_HEADS}, "
                          f"got shape {heads.w1.shape}")
-    if not np.isfinite(heads.w1).all() or (heads.w2 is not None and not np.isfinite(heads.w2).all()):
+    if not all(np.isfinite(w).all() for w in (heads.w1, heads.w2, heads.w_prev) if w is not None):
         raise ValueError(f"--heads {str(path)!r} holds non-finite weights")
     return heads
 
@@ -166,7 +166,8 @@ def _heads_record(heads, path: Path | None) -> dict[str, Any]:
     if heads is None:
         return {}
     vocab = {"vocab": HEADS_VOCAB} if heads.shared_head else {}
-    return {"heads": {"file": path.name, "k": heads.k, "shared_lm_head": heads.shared_head, **vocab,
+    return {"heads": {"file": path.name, "k": heads.k, "shared_lm_head": heads.shared_head,
+                      "chained": heads.w_prev is not None, **vocab,
                       "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}}
 
 
