@@ -155,15 +155,16 @@ class LMHeads:
     def _q(self, x, levels: int = 127):
         return _fake_int8(x, levels) if self.int8 else x
 
-    def hidden(self, h, prev=None):
-        """h [B, H] -> h_j [B, K, H]; prev [B, K] the token before each head's guess (chain only).
-        With int8, as the int8 graph: weights per output channel, inputs and h_j per row
-        (straight-through)."""
+    def hidden(self, h, prev=None, heads: slice = slice(None)):
+        """h [B, H] -> h_j [B, K', H] of `heads` (default all K); prev [B, K'] the token before each
+        head's guess (chain only). With int8, as the int8 graph: weights per output channel, inputs
+        and h_j per row (straight-through)."""
         import torch
 
-        pre = torch.einsum("koi,bi->bko", self._q(self.w1), self._q(h, ROW_LEVELS))
+        pre = torch.einsum("koi,bi->bko", self._q(self.w1[heads]), self._q(h, ROW_LEVELS))
         if self.w_prev is not None:
-            pre = pre + torch.einsum("koi,bki->bko", self._q(self.w_prev), self._q(self.lm_head[prev], ROW_LEVELS))
+            pre = pre + torch.einsum("koi,bki->bko", self._q(self.w_prev[heads]),
+                                     self._q(self.lm_head[prev], ROW_LEVELS))
         hj = h[:, None, :] + torch.nn.functional.silu(pre)
         return self._q(hj, ROW_LEVELS)
 
@@ -190,11 +191,11 @@ class LMHeads:
                 if self.w_prev is None:
                     out.append((self.hidden(hb) @ self.lm_head.T).argmax(-1).numpy())
                     continue
-                prev = torch.from_numpy(first[i:i + batch]).long()[:, None].repeat(1, k)
+                guess, guesses = torch.from_numpy(first[i:i + batch]).long(), []
                 for j in range(k):  # head j's guess becomes head j + 1's input
-                    guess = (self.hidden(hb, prev)[:, j] @ self.lm_head.T).argmax(-1)
-                    prev[:, j + 1:] = guess[:, None]
-                out.append(torch.cat([prev[:, 1:], guess[:, None]], 1).numpy())
+                    guess = (self.hidden(hb, guess[:, None], slice(j, j + 1))[:, 0] @ self.lm_head.T).argmax(-1)
+                    guesses.append(guess)
+                out.append(torch.stack(guesses, 1).numpy())
         return np.concatenate(out)
 
     def draft_heads(self, k: int | None = None):

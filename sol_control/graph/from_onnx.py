@@ -246,7 +246,9 @@ def read_heads(path: str | Path) -> "DraftHeads | None":
     hidden = w1.shape[0]
     w1 = np.ascontiguousarray(w1.reshape(hidden, k, hidden).transpose(1, 2, 0))
     if "heads.w2" not in init:  # heads through the lm_head, perhaps chained (w_prev)
-        w_prev = [numpy_helper.to_array(init[f"heads.w_prev.{j}.T"]).T for j in range(k) if f"heads.w_prev.{j}.T" in init]
-        return DraftHeads(w1, None, 0, np.ascontiguousarray(np.stack(w_prev)) if w_prev else None)
+        if "heads.w_prev.0.T" not in init:
+            return DraftHeads(w1, None, 0)
+        w_prev = np.stack([numpy_helper.to_array(init[f"heads.w_prev.{j}.T"]).T for j in range(k)])
+        return DraftHeads(w1, None, 0, np.ascontiguousarray(w_prev))
     w2 = np.ascontiguousarray(numpy_helper.to_array(init["heads.w2"]).transpose(0, 2, 1))  # [K, n_out, H]
     return DraftHeads(w1, w2, int(numpy_helper.to_array(init["heads.offset"]).reshape(-1)[0]))
