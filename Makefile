@@ -86,13 +86,13 @@ lm-model: $(STAMP)
 	@$(PY) -m sol_control.lm.cache --dir $(LM_PKG)
 
 # Draft heads for SmolLM2 (dev-only, torch; docs/LM.md "Draft heads"): the target's own greedy answers to 3000
-# generated chat prompts (~75 min on 2 cores, two 1-thread processes meeting in the middle; resumable), then 5 heads
-# trained on them (~20 min); models/lm/smollm2_heads_k4.npz is the first 4 of them.
+# generated chat prompts (~75 min on 2 cores, two 1-thread processes meeting in the middle; resumable), then 5 chained
+# heads trained on them (~17 min); models/lm/smollm2_heads_k3.npz is the first 3 of them.
 lm-heads: lm-model $(TRAIN_STAMP)
 	$(PY) tools/lm_selfdistill.py --chat 3000 --agent 0 --threads 1 --kinds chat & \
 	  $(PY) tools/lm_selfdistill.py --chat 3000 --agent 0 --threads 1 --kinds chat --reverse; wait
-	$(PY) tools/train_lm_heads.py train --heads 5 --save-k 3,4,5 --steps 1500 --threads 2
-	cp .work/lm/heads/smollm2_heads_k4.npz models/lm/
+	$(PY) tools/train_lm_heads.py train --chain --heads 5 --save-k 3,4,5 --steps 2000 --threads 2
+	cp .work/lm/heads/smollm2_heads_k3.npz models/lm/
 	cp .work/lm/heads/train_report.json models/lm/smollm2_heads_train_report.json
 
 # The LM benchmark (docs/LM.md, "make bench-lm"): SmolLM2-135M-Instruct from `make lm-model`, imported once

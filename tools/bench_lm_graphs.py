@@ -30,7 +30,7 @@ from sol_control.graph.weights import DraftHeads, LlamaWeights  # noqa: E402
 from sol_control.lm.importer import INT4_MODES  # noqa: E402
 
 OUT = REPO / ".work" / "lm" / "graphs"
-HEADS = REPO / "models" / "lm" / "smollm2_heads_k4.npz"
+HEADS = REPO / "models" / "lm" / "smollm2_heads_k3.npz"
 FAST = {"int4_zero_points": "mins", "head_bits": 8, "int8_activations": "dual"}
 VARIANTS = {  # name -> (requantize the Q4_1 blocks, build options, with the shipped heads)
     "fp32": (False, {"precision": "fp32"}, False),

@@ -22,7 +22,7 @@ manifest with task "lm" (fields: docs/BUNDLES.md); every file is listed with its
 bundle is loaded back (sha256 checked) and each decoder runs one token in ONNX Runtime.
 `--draft D` imports a second source the same way as the bundle's draft (same vocabulary).
 `--heads H.npz` (GGUF and Hugging Face sources) writes K draft heads into every fused target graph
-(`sol_control.graph.weights.DraftHeads`, e.g. models/lm/smollm2_heads_k4.npz from
+(`sol_control.graph.weights.DraftHeads`, e.g. models/lm/smollm2_heads_k3.npz from
 tools/train_lm_heads.py), so `sol-control generate` self-speculates; manifest `target.draft_heads` = K.
 """
 from __future__ import annotations
