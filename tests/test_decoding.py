@@ -328,6 +328,25 @@ def test_guess_length_checks_only_the_guesses_that_pay_for_their_pass():
     assert length.choose("heads", 0) == 0 and length.choose("heads", 1) == 1
 
 
+def test_guess_length_prefers_the_source_with_more_tokens_a_ms_and_still_tries_the_other():
+    """Lookup is taken while nothing is timed; once it has been right 10 % of the time and the heads
+    60 %, the heads' guesses win, except every EXPLORE_EVERY-th time (lookup keeps learning)."""
+    from sol_control.decoding.adaptive_k import EXPLORE_EVERY
+
+    length = GuessLength()
+    assert length.prefer("lookup2", 4, "heads", 3)  # nothing timed: rates are nan
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        for source, p in (("heads", 0.6), ("lookup2", 0.1)):
+            accepted = int(rng.random() < p)
+            length.update(source, 1, accepted, 10.0)
+    assert length.rate("heads", 3) > length.rate("lookup2", 4)
+    picks = [length.prefer("lookup2", 4, "heads", 3) for _ in range(3 * EXPLORE_EVERY)]
+    assert sum(picks) == 3 and picks[EXPLORE_EVERY - 1]
+    assert length.prefer("heads", 3, "lookup2", 4)  # the faster source is always taken
+    assert np.isnan(length.rate("heads", 0))
+
+
 def test_adaptive_k_shrugs_off_one_slow_step_and_probes_a_draft_it_stopped_using():
     good = AdaptiveK()
     for _ in range(30):  # a cheap, usually right draft: drafting pays

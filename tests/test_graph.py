@@ -537,13 +537,13 @@ def test_a_prefill_graph_runs_the_prefill_chunks_on_the_same_cache(tmp_path):
 
 
 def test_lookup_guesses_copy_what_followed_the_latest_repeat():
-    from sol_control.decoding.speculative import lookup_guesses
+    from sol_control.decoding.speculative import lookup_match
 
     seq = np.array([5, 6, 7, 8, 9, 1, 2, 6, 7, 3, 4, 5, 6, 7], np.int64)
-    assert lookup_guesses(seq, 4) == [8, 9, 1, 2]  # the longest repeat first: "5 6 7" at 0
-    assert lookup_guesses(seq, 4, n_max=2) == [3, 4, 5, 6]  # "6 7": its latest earlier place is 7..8
-    assert lookup_guesses(np.array([1, 2, 3, 4], np.int64), 4) == []  # nothing repeats
-    assert lookup_guesses(np.array([9, 9, 9], np.int64), 2) == [9]  # the repeat may overlap the tail
+    assert lookup_match(seq, 4) == ([8, 9, 1, 2], 3)  # the longest repeat first: "5 6 7" at 0
+    assert lookup_match(seq, 4, n_max=2) == ([3, 4, 5, 6], 2)  # "6 7": its latest earlier place is 7..8
+    assert lookup_match(np.array([1, 2, 3, 4], np.int64), 4) == ([], 0)  # nothing repeats
+    assert lookup_match(np.array([9, 9, 9], np.int64), 2) == ([9], 2)  # the repeat may overlap the tail
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
@@ -564,7 +564,8 @@ def test_speculation_with_lookup_guesses_equals_plain_greedy(tmp_path, precision
         plain = greedy(sess, prefix, 16).tokens
         heads = speculate_heads(sess, prefix, 16)
         looked = speculate_heads(sess, prefix, 16, lookup=6)
-        assert looked.tokens == plain == heads.tokens
+        chosen = speculate_heads(sess, prefix, 16, lookup=6, length=GuessLength())  # lookup or heads a pass
+        assert looked.tokens == plain == heads.tokens == chosen.tokens
         more += looked.stats.proposed > heads.stats.proposed
     assert more > 0  # lookup proposed longer guesses somewhere
 

@@ -7,10 +7,13 @@ decisions.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 MAX_K = 16
 PROBE_K = 2  # draft length of the steps that re-measure a draft the controller stopped using
+EXPLORE_EVERY = 8  # GuessLength.prefer: a source that looks slower is still tried this often
 OUTLIER_X = 3.0  # a timing enters a running average at most at this multiple of the average
 
 
@@ -119,6 +122,7 @@ class GuessLength:
         self.costs = AdaptiveK()  # only its per-size verify cost estimate is used
         self._tried: dict[str, np.ndarray] = {}
         self._passed: dict[str, np.ndarray] = {}
+        self._lost: dict[str, int] = {}  # per source: how often `prefer` found it slower
 
     def _counts(self, source: str) -> tuple[np.ndarray, np.ndarray]:
         if source not in self._tried:
@@ -152,6 +156,24 @@ class GuessLength:
         tokens = self.expected_tokens(source, offered)
         rates = [tokens[c - 1] / self.costs.verify_ms(c + 1) for c in range(1, offered + 1)]
         return 1 + int(np.argmax(rates))
+
+    def rate(self, source: str, offered: int) -> float:
+        """Expected tokens per ms of a pass checking the best count of `source`'s `offered`
+        guesses; nan before a pass was timed."""
+        offered = min(offered, MAX_K)
+        if offered < 1 or self.costs.verify_ms(2) is None:
+            return math.nan
+        tokens = self.expected_tokens(source, offered)
+        return max(tokens[c - 1] / self.costs.verify_ms(c + 1) for c in range(1, offered + 1))
+
+    def prefer(self, source: str, offered: int, other: str, other_offered: int) -> bool:
+        """Should a pass check `source`'s guesses rather than `other`'s? Yes unless `source` is
+        expected to emit fewer tokens a ms; every EXPLORE_EVERY-th time it loses, yes all the
+        same, so that what it learnt about `source` keeps up with the text."""
+        if not self.rate(source, offered) < self.rate(other, other_offered):
+            return True
+        self._lost[source] = self._lost.get(source, 0) + 1
+        return self._lost[source] % EXPLORE_EVERY == 0
 
     def update(self, source: str, checked: int, accepted: int, verify_ms: float) -> None:
         """Learn from one pass that checked `checked` guesses of `source` and accepted `accepted`."""

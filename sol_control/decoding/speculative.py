@@ -242,9 +242,10 @@ def speculate(draft: DecoderSession, target: DecoderSession, prefix, max_new_tok
     return _finish(out, probs, max_new_tokens, stats, t0, stop_ids)
 
 
-def lookup_guesses(seq: np.ndarray, k: int, n_max: int = 3, n_min: int = 2) -> list[int]:
+def lookup_match(seq: np.ndarray, k: int, n_max: int = 3, n_min: int = 2) -> tuple[list[int], int]:
     """Prompt lookup: the (up to) k tokens that followed the latest earlier occurrence of the
-    sequence's last n tokens, n from n_max down to n_min; [] when there is none. seq [L] int64."""
+    sequence's last n tokens, n from n_max down to n_min, and n; ([], 0) when there is none.
+    seq [L] int64."""
     L = len(seq)
     for n in range(n_max, n_min - 1, -1):
         if L <= n:
@@ -255,8 +256,8 @@ def lookup_guesses(seq: np.ndarray, k: int, n_max: int = 3, n_min: int = 2) -> l
         found = np.flatnonzero(hits)
         if len(found):
             start = int(found[-1]) + n
-            return seq[start:start + k].tolist()
-    return []
+            return seq[start:start + k].tolist(), n
+    return [], 0
 
 
 def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None = None,
@@ -273,9 +274,12 @@ def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None =
     Output == plain greedy of the same target (greedy acceptance; the graph's rows do not depend on
     how many tokens share a pass), ending after a token in `stop_ids` (kept) as greedy does.
 
-    `lookup` > 0: where the text so far repeats itself (`lookup_guesses`: its last 2-3 tokens seen
+    `lookup` > 0: where the text so far repeats itself (`lookup_match`: its last 2-3 tokens seen
     before), up to `lookup` tokens that followed them there are the guesses instead of the heads'
     (an agent loop copying ids and keys from its tool results); the graph verifies either alike.
+    With `length`, lookup's guesses are taken unless they are expected to emit fewer tokens a ms
+    than the heads' (`GuessLength.prefer`, learnt per repeat length): in plain prose a repeat of
+    two tokens is a weak hint, weaker than chained heads.
 
     `length` (a GuessLength, kept across answers) checks only as many guesses as pay for their
     wider pass; None checks all of them."""
@@ -291,9 +295,10 @@ def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None =
         source = "heads"
         if lookup:
             seq[len(prefix):seq_len] = out
-            found = lookup_guesses(seq[:seq_len], lookup)
-            if found:
-                guesses, source = found, "lookup"
+            found, n_seen = lookup_match(seq[:seq_len], lookup)
+            key = f"lookup{n_seen}"  # a repeat of 3 tokens predicts better than one of 2: learnt apart
+            if found and (length is None or length.prefer(key, len(found), source, len(guesses))):
+                guesses, source = found, key
         kk = min(len(guesses), max_new_tokens - len(out) - 1)
         kk = length.choose(source, kk) if length is not None else kk
         t1 = time.monotonic_ns()
