@@ -28,7 +28,8 @@ KEYS = {"ultrafast_vs_standard_tokens", "ultrafast_vs_standard_tokens_by_threads
         "ultrafast_vs_standard_loop_by_threads", "ultrafast_row", "vs_best_peer", "vs_best_peer_note", "lossless",
         "lossless_detail", "ceiling_tokens", "ceiling", "verify_ms", "agreement", "agreement_int8_vs_fp32",
         "agreement_int4_vs_fp32", "energy", "rss_basis", "machine", "date", "rows", "skipped_rows", "peers",
-        "workload", "bundle", "threads", "notes"}
+        "workload", "bundle", "threads", "notes", "vs_best_peer_paired", "vs_best_peer_paired_by_threads", "paired",
+        "vs_best_peer_paired_note"}
 ROW_KEYS = {"name", "precision", "mode", "threads", "decode_tokens_per_s", "ttft_ms", "tokens_per_s_with_prefill",
             "mean_accepted", "loop_s", "cpu_s_per_query", "joules_per_query", "rss_mb", "rss_delta_mb", "outputs"}
 NAMES = ["standard", "int8 plain", "int4 plain", "fp32 + draft", "int8 + draft", "int4 + draft"]
@@ -66,6 +67,7 @@ def test_summary_has_every_key_and_row(bench):
     assert set(s["ultrafast_row"]) == {"1", "2"} and s["ultrafast_row"]["1"] in ("int8 + draft", "int4 + draft")
     assert s["ultrafast_vs_standard_tokens"] == s["ultrafast_vs_standard_tokens_by_threads"]["1"]
     assert s["vs_best_peer"] is None and s["vs_best_peer_note"] == "--no-peers"
+    assert s["vs_best_peer_paired"] is None and s["vs_best_peer_paired_note"] == "not run: no peer row"
     assert s["energy"]["basis"] in ("measured", "estimated") and s["energy"]["assumption"]
     c = s["ceiling"]["1"]
     assert s["ceiling_tokens"] == pytest.approx(lm_report.ceiling(c["k"], c["standard_ms_per_token"], c["verify_ms"]))
@@ -121,6 +123,40 @@ def test_speculative_row_stops_where_plain_greedy_stops(bench):
     i = next(i for i in range(2, len(free)) if free[i] not in free[:i])  # a token first seen at i
     got = spec.generate(prompt, 16, (free[i],), fresh=True)
     assert got.tokens == free[:i + 1] == plain.generate(prompt, 16, (free[i],), fresh=True).tokens
+
+
+def test_paired_rounds_alternate_the_peer_row_and_ours(bench):
+    """Each round runs the peer row, then our row on the prompts (real sessions of the tiny bundle);
+    the headline is the median of the rounds' ratios, at the headline thread count. The peer's
+    tokens/s come from a stand-in: the peer engines' venvs are not part of `make test`."""
+    from sol_control.bench.lm_paired import paired_summary
+
+    _, bundle, s = bench
+    rows, _ = lm_rows.make_rows(Bundle.load(bundle), [1])
+    tok, calls = _tok(), []
+    workload = {"prompts": ["move the arm", "status of line 2", "stop"], "max_new_tokens": 6}
+    peer_speeds = iter([50.0, 1e9, 1e-9])  # round 2 far faster, round 3 far slower: the median ratio is round 1's
+
+    def peer_run(t, peer):
+        calls.append(("peer", t, peer["engine"]))
+        return next(peer_speeds)
+
+    ours = rows[4]  # int8 + draft
+    real_generate = ours.generate
+    def counted(*a, **k):
+        calls.append(("ours",))
+        return real_generate(*a, **k)
+    ours.generate = counted
+    summary = {"threads": [1], "best_peer": {"1": {"ours": {"name": ours.name}, "peer": {"engine": "x"}}}}
+    got = paired_summary(summary, rows, tok, workload, Path("model.gguf"), 3, peer_run)
+    assert [c[0] for c in calls] == ["peer", "ours", "ours", "ours"] * 3
+    rounds = got["paired"]["1"]["rounds"]
+    assert [r["peer_tokens_per_s"] for r in rounds] == [50.0, 1e9, 1e-9]
+    assert got["vs_best_peer_paired"] == got["vs_best_peer_paired_by_threads"]["1"] == rounds[0]["ratio"]
+    assert rounds[0]["ratio"] == rounds[0]["ours_tokens_per_s"] / 50.0 > 0
+    assert {c[1:] for c in calls if c[0] == "peer"} == {(1, "x")}
+    off = paired_summary(summary, rows, tok, workload, Path("model.gguf"), 0, peer_run)
+    assert off["vs_best_peer_paired"] is None and off["vs_best_peer_paired_note"] == "not run: --paired 0"
 
 
 def _tok() -> LMTokenizer:

@@ -31,6 +31,7 @@ from ..energy import EnergyMeter
 from ..lm.cache import sha256_of
 from ..lm.generate import load_tokenizer
 from . import lm_report
+from .lm_paired import paired_summary
 from .common import REPO
 from .lm_rows import (PROMPT_NEW_TOKENS, QUICK_LOOP_ROUNDS, QUICK_PROMPTS, Row, load_workload, make_rows,
                       run_workload, say)
@@ -57,6 +58,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-peers", action="store_true", help="leave out the peer engines")
     p.add_argument("--peer-precisions", default="fp32,int8,int4",
                    help="the peers' rows at these precisions only (e.g. int8,int4: their fp32 rows take longest)")
+    p.add_argument("--paired", type=int, default=3, metavar="N",
+                   help="then N rounds alternating the best peer row and our fastest row (vs_best_peer_paired; 0: off)")
     p.add_argument("--note", action="append", default=[], help="a note for the report (repeatable)")
 
 
@@ -275,6 +278,7 @@ def run(args: argparse.Namespace) -> int:
         bundle=bundle, rows=rows, skipped=skipped, verify=verify, k=(k, k_source), rss=rss, peers=peers, meter=meter,
         workload=workload, reps=args.rounds, threads=threads, gguf=gguf, notes=notes, command=command.strip(),
         load_start=load_start, seconds=time.monotonic() - t_start)
+    summary.update(paired_summary(summary, rows, tok, workload, gguf, args.paired))
     lm_report.write(summary, args.out)
     print(lm_report.markdown(summary))
     print(f"wrote {args.out}/summary.json, {args.out}/README.md and plots")

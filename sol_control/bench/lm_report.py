@@ -182,6 +182,15 @@ def _agreements(mine: list[dict], std: dict, base: dict | None, t: int, first_t:
     return agree
 
 
+def _paired_line(s: dict, t: int) -> str:
+    """", paired ..." for the headline line: the median ratio over the alternating rounds, and theirs."""
+    p = s.get("paired", {}).get(str(t))
+    if not p:
+        return ""
+    rounds = ", ".join(f"{r['ours_tokens_per_s']:.1f} / {r['peer_tokens_per_s']:.1f}" for r in p["rounds"])
+    return f", paired with it {p['vs_best_peer_paired']:.2f} (ours / peer tok/s by round: {rounds})"
+
+
 def _best_peer(mine: list[dict], peer_rows: list[dict], t: int) -> tuple[float, dict] | None:
     """(our best decode tokens/s over the best peer row's, both rows named) at thread count t."""
     peers_t = [p for p in peer_rows if p.get("threads") == t and p.get("decode_tokens_per_s")]
@@ -189,7 +198,7 @@ def _best_peer(mine: list[dict], peer_rows: list[dict], t: int) -> tuple[float, 
         return None
     best = max(peers_t, key=lambda p: p["decode_tokens_per_s"])
     ours = max((f for f in mine if f["decode_tokens_per_s"]), key=lambda f: f["decode_tokens_per_s"])
-    keys = ("engine", "mode", "precision", "decode_tokens_per_s")
+    keys = ("engine", "mode", "spec_mode", "precision", "decode_tokens_per_s")
     return (ours["decode_tokens_per_s"] / best["decode_tokens_per_s"],
             {"peer": {k2: best.get(k2) for k2 in keys}, "ours": {k2: ours[k2] for k2 in ("name", "decode_tokens_per_s")}})
 
@@ -314,7 +323,8 @@ def markdown(s: dict) -> str:
                   f"tokens/s, agent loop {s['ultrafast_vs_standard_loop_by_threads'][str(t)]:.2f}x; ceiling "
                   f"{_f(c.get('ceiling_tokens'), '.2f')}x ({c.get('precision')}, k = {c.get('k')}, "
                   f"{c.get('k_source')}); "
-                  f"vs best peer {_f(s['vs_best_peer_by_threads'].get(str(t)), '.2f')}", ""]
+                  f"vs best peer {_f(s['vs_best_peer_by_threads'].get(str(t)), '.2f')}"
+                  + _paired_line(s, t), ""]
         lines += _rows_table(s, t) + [""]
     if s["ultrafast_note"]:
         lines += [f"Ultrafast: {s['ultrafast_note']}.", ""]

@@ -179,7 +179,7 @@ def run_lm_peers(gguf: Path, workload: dict, threads: int, engines=None, quick: 
                  timeout_s: float = 5400) -> list[dict]:
     """One row per (engine, precision, mode) on `workload` (the lm_workload.json dict) at `threads`.
 
-    Row keys: ROW_KEYS plus `format`, `convert_s`, `model_mb`, `loop_ttft_ms`, `loop_new_tokens`,
+    Row keys: ROW_KEYS plus `spec_mode` (the LM_MODES name of the row's mode), `format`, `convert_s`, `model_mb`, `loop_ttft_ms`, `loop_new_tokens`,
     `loop_context_tokens`, `prompts`/`loop_rounds`; with `reference` ({"prompts": [[ids]], "loop":
     [[ids]]}, e.g. `fp32_reference(...)`), `agreement` (`lm_agreement`). An engine without its venv,
     or a row whose worker failed, has `skipped: True`, None figures and the reason in `note`."""
@@ -208,7 +208,7 @@ def run_lm_peers(gguf: Path, workload: dict, threads: int, engines=None, quick: 
             except (RuntimeError, subprocess.TimeoutExpired, OSError) as err:
                 rows.append(empty_row(engine, mode, precision, threads, f"failed: {str(err)[-600:]}"))
                 continue
-            row = {"engine": engine, "precision": precision, "threads": threads,
+            row = {"engine": engine, "precision": precision, "threads": threads, "spec_mode": mode,
                    "weights_from": info.get("weights_from") or FROM_HF, **row,
                    "format": info.get("format"), "convert_s": info.get("convert_s"), "model_mb": info.get("model_mb"),
                    "prompts": len(w.prompts), "loop_rounds": 1 + len(w.loop_turns)}
