@@ -182,6 +182,16 @@ def _agreements(mine: list[dict], std: dict, base: dict | None, t: int, first_t:
     return agree
 
 
+def _headline_line(s: dict, t: int) -> str:
+    """The ratios at thread count t, in one line above its rows."""
+    c = s["ceiling"].get(str(t), {})
+    return (f"**{t} thread(s)**: ultrafast = {s['ultrafast_row'][str(t)]}: "
+            f"{s['ultrafast_vs_standard_tokens_by_threads'][str(t)]:.2f}x standard's decode tokens/s, agent loop "
+            f"{s['ultrafast_vs_standard_loop_by_threads'][str(t)]:.2f}x; ceiling {_f(c.get('ceiling_tokens'), '.2f')}x "
+            f"({c.get('precision')}, k = {c.get('k')}, {c.get('k_source')}); "
+            f"vs best peer {_f(s['vs_best_peer_by_threads'].get(str(t)), '.2f')}" + _paired_line(s, t))
+
+
 def _paired_line(s: dict, t: int) -> str:
     """", paired ..." for the headline line: the median ratio over the alternating rounds, and theirs."""
     p = s.get("paired", {}).get(str(t))
@@ -313,19 +323,9 @@ def markdown(s: dict) -> str:
     if s["lossless"] is False:
         lines += ["**LOSSLESS CHECK FAILED**: speculative tokens differ from plain greedy of the same precision:",
                   "", "```", json.dumps(s["lossless_detail"], indent=1), "```", ""]
-    by_t = s["ultrafast_vs_standard_tokens_by_threads"]
     for t in s["threads"]:
-        if str(t) not in by_t:
-            continue
-        c = s["ceiling"].get(str(t), {})
-        lines += [f"**{t} thread(s)**: ultrafast = {s['ultrafast_row'][str(t)]}: {by_t[str(t)]:.2f}x standard's "
-                  "decode "
-                  f"tokens/s, agent loop {s['ultrafast_vs_standard_loop_by_threads'][str(t)]:.2f}x; ceiling "
-                  f"{_f(c.get('ceiling_tokens'), '.2f')}x ({c.get('precision')}, k = {c.get('k')}, "
-                  f"{c.get('k_source')}); "
-                  f"vs best peer {_f(s['vs_best_peer_by_threads'].get(str(t)), '.2f')}"
-                  + _paired_line(s, t), ""]
-        lines += _rows_table(s, t) + [""]
+        if str(t) in s["ultrafast_vs_standard_tokens_by_threads"]:
+            lines += [_headline_line(s, t), ""] + _rows_table(s, t) + [""]
     if s["ultrafast_note"]:
         lines += [f"Ultrafast: {s['ultrafast_note']}.", ""]
     lines += [f"Lossless (speculative == plain, same precision): {s['lossless']}" +
