@@ -31,8 +31,8 @@ from ..energy import EnergyMeter
 from ..lm.cache import sha256_of
 from ..lm.generate import load_tokenizer
 from . import lm_report
-from .lm_paired import paired_summary
 from .common import REPO
+from .lm_paired import paired_summary
 from .lm_rows import (PROMPT_NEW_TOKENS, QUICK_LOOP_ROUNDS, QUICK_PROMPTS, Row, load_workload, make_rows,
                       run_workload, say)
 

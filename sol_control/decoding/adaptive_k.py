@@ -153,9 +153,12 @@ class GuessLength:
         untimed = np.flatnonzero(np.isnan(self.costs.verify[2:offered + 2]))  # counts c - 1 never timed
         if len(untimed):
             return int(untimed[0]) + 1  # each count is timed once, smallest first (no extrapolating below)
+        return 1 + int(np.argmax(self._rates(source, offered)))
+
+    def _rates(self, source: str, offered: int) -> list[float]:
+        """Expected tokens per ms of a pass checking c = 1..offered of `source`'s guesses."""
         tokens = self.expected_tokens(source, offered)
-        rates = [tokens[c - 1] / self.costs.verify_ms(c + 1) for c in range(1, offered + 1)]
-        return 1 + int(np.argmax(rates))
+        return [tokens[c - 1] / self.costs.verify_ms(c + 1) for c in range(1, offered + 1)]
 
     def rate(self, source: str, offered: int) -> float:
         """Expected tokens per ms of a pass checking the best count of `source`'s `offered`
@@ -163,8 +166,7 @@ class GuessLength:
         offered = min(offered, MAX_K)
         if offered < 1 or self.costs.verify_ms(2) is None:
             return math.nan
-        tokens = self.expected_tokens(source, offered)
-        return max(tokens[c - 1] / self.costs.verify_ms(c + 1) for c in range(1, offered + 1))
+        return max(self._rates(source, offered))
 
     def prefer(self, source: str, offered: int, other: str, other_offered: int) -> bool:
         """Should a pass check `source`'s guesses rather than `other`'s? Yes unless `source` is

@@ -277,12 +277,11 @@ def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None =
     `lookup` > 0: where the text so far repeats itself (`lookup_match`: its last 2-3 tokens seen
     before), up to `lookup` tokens that followed them there are the guesses instead of the heads'
     (an agent loop copying ids and keys from its tool results); the graph verifies either alike.
-    With `length`, lookup's guesses are taken unless they are expected to emit fewer tokens a ms
-    than the heads' (`GuessLength.prefer`, learnt per repeat length): in plain prose a repeat of
-    two tokens is a weak hint, weaker than chained heads.
 
     `length` (a GuessLength, kept across answers) checks only as many guesses as pay for their
-    wider pass; None checks all of them."""
+    wider pass, and takes lookup's guesses only where they are expected to emit more tokens a ms
+    than the heads' (`GuessLength.prefer`, learnt per repeat length: in prose a repeat of two
+    tokens is a weak hint); None checks all of them, lookup's wherever there are some."""
     t0 = time.monotonic_ns()
     budget = budget or Budget.unlimited()
     prefix = _check_request(target, prefix, max_new_tokens)

@@ -179,8 +179,8 @@ def run_lm_peers(gguf: Path, workload: dict, threads: int, engines=None, quick: 
                  timeout_s: float = 5400) -> list[dict]:
     """One row per (engine, precision, mode) on `workload` (the lm_workload.json dict) at `threads`.
 
-    Row keys: ROW_KEYS plus `spec_mode` (the LM_MODES name of the row's mode), `format`, `convert_s`, `model_mb`, `loop_ttft_ms`, `loop_new_tokens`,
-    `loop_context_tokens`, `prompts`/`loop_rounds`; with `reference` ({"prompts": [[ids]], "loop":
+    Row keys: ROW_KEYS plus `spec_mode` (the LM_MODES name of the row's mode), `format`, `convert_s`,
+    `model_mb`, `loop_ttft_ms`, `loop_new_tokens`, `loop_context_tokens`, `prompts`/`loop_rounds`; with `reference` ({"prompts": [[ids]], "loop":
     [[ids]]}, e.g. `fp32_reference(...)`), `agreement` (`lm_agreement`). An engine without its venv,
     or a row whose worker failed, has `skipped: True`, None figures and the reason in `note`."""
     from sol_control.lm.tokenizer import read_gguf_tokenizer
