@@ -125,37 +125,53 @@ def test_speculative_row_stops_where_plain_greedy_stops(bench):
     assert got.tokens == free[:i + 1] == plain.generate(prompt, 16, (free[i],), fresh=True).tokens
 
 
-def test_paired_rounds_alternate_the_peer_row_and_ours(bench):
-    """Each round runs the peer row, then our row on the prompts (real sessions of the tiny bundle);
-    the headline is the median of the rounds' ratios, at the headline thread count. The peer's
-    tokens/s come from a stand-in: the peer engines' venvs are not part of `make test`."""
+def test_paired_rounds_alternate_the_peer_row_and_ours_prompt_by_prompt(bench):
+    """Each round answers every prompt with the peer and with our row (real sessions of the tiny
+    bundle), who goes first alternating prompt by prompt and round by round; a round's ratio is our
+    median over the peer's, the headline the median of the rounds'. The peer's tokens/s come from a
+    stand-in: the peer engines' venvs are not part of `make test` (PeerServer has its own test)."""
+    from contextlib import contextmanager
+
     from sol_control.bench.lm_paired import paired_summary
 
     _, bundle, s = bench
     rows, _ = lm_rows.make_rows(Bundle.load(bundle), [1])
     tok, calls = _tok(), []
     workload = {"prompts": ["move the arm", "status of line 2", "stop"], "max_new_tokens": 6}
-    peer_speeds = iter([50.0, 1e9, 1e-9])  # round 2 far faster, round 3 far slower: the median ratio is round 1's
+    speeds = {0: 50.0, 1: 1e9, 2: 1e-9}  # by round: round 2 far faster, round 3 far slower
 
-    def peer_run(t, peer):
-        calls.append(("peer", t, peer["engine"]))
-        return next(peer_speeds)
+    class Peer:
+        def decode_tokens_per_s(self, ids, max_new):
+            calls.append(("peer", tuple(ids), max_new))
+            return speeds[sum(c[0] == "peer" for c in calls[:-1]) // 3]
+
+    @contextmanager
+    def open_peer(t, peer):
+        calls.append(("open", t, peer["engine"]))
+        yield Peer()
 
     ours = rows[4]  # int8 + draft
     real_generate = ours.generate
-    def counted(*a, **k):
-        calls.append(("ours",))
-        return real_generate(*a, **k)
+    def counted(ids, *a, **k):
+        calls.append(("ours", tuple(ids)))
+        return real_generate(ids, *a, **k)
     ours.generate = counted
     summary = {"threads": [1], "best_peer": {"1": {"ours": {"name": ours.name}, "peer": {"engine": "x"}}}}
-    got = paired_summary(summary, rows, tok, workload, Path("model.gguf"), 3, peer_run)
-    assert [c[0] for c in calls] == ["peer", "ours", "ours", "ours"] * 3
+    got = paired_summary(summary, rows, tok, workload, Path("model.gguf"), 3, open_peer)
+    assert calls[0] == ("open", 1, "x") and [c for c in calls if c[0] == "open"] == [calls[0]]
+    order = [c[0] for c in calls[1:]]
+    assert order == ["peer", "ours", "ours", "peer", "peer", "ours",  # round 1: peer first on prompts 1 and 3
+                     "ours", "peer", "peer", "ours", "ours", "peer",  # round 2: the other way round
+                     "peer", "ours", "ours", "peer", "peer", "ours"]
+    prompts = [tuple(tok.encode_chat([{"role": "user", "content": p}])) for p in workload["prompts"]]
+    pairs = list(zip(calls[1::2], calls[2::2]))
+    assert [(a[1], b[1]) for a, b in pairs] == [(p, p) for p in prompts] * 3  # both answer the same prompt
+    assert {c[2] for c in calls if c[0] == "peer"} == {6}
     rounds = got["paired"]["1"]["rounds"]
     assert [r["peer_tokens_per_s"] for r in rounds] == [50.0, 1e9, 1e-9]
     assert got["vs_best_peer_paired"] == got["vs_best_peer_paired_by_threads"]["1"] == rounds[0]["ratio"]
     assert rounds[0]["ratio"] == rounds[0]["ours_tokens_per_s"] / 50.0 > 0
-    assert {c[1:] for c in calls if c[0] == "peer"} == {(1, "x")}
-    off = paired_summary(summary, rows, tok, workload, Path("model.gguf"), 0, peer_run)
+    off = paired_summary(summary, rows, tok, workload, Path("model.gguf"), 0, open_peer)
     assert off["vs_best_peer_paired"] is None and off["vs_best_peer_paired_note"] == "not run: --paired 0"
 
 

@@ -156,3 +156,44 @@ def test_paired_rounds_alternate_the_best_peer_row_with_ours():
     assert rep["vs_best_peer_qc_paired_cold"] == r["peer_ms"] / r["ours_cold_ms"]
     with pytest.raises(RuntimeError, match="no speculative k=3 int4 row"):
         paired.peer_ms(bundle, {**best, "mode": "speculative k=3"})
+
+
+# A stand-in engine behind the real serve loop: it answers by counting up from the prompt's last id,
+# prints chatter on stdout as engines may, and exits or stalls on the prompts [13] and [14].
+STAND_IN = """
+import sys, time
+from sol_control.bench.peers.common import LMWork, serve_lm
+
+def generate(ids, max_new, keep):
+    if ids == [13]:
+        sys.exit(3)
+    if ids == [14]:
+        time.sleep(60)
+    print("engine chatter", flush=True)
+    time.sleep(0.02)
+    return [ids[-1] + i + 1 for i in range(max_new)], 5.0
+
+print(serve_lm(generate, LMWork(prompts=[[1, 2]], loop_first=[1], loop_turns=[], close=[2], stop_ids=[2])))
+"""
+
+
+def _stand_in_server(tmp_path, timeout_s=30):
+    from sol_control.bench.peers.lm import PeerServer
+
+    env = {**__import__("os").environ, "PYTHONPATH": str(REPO)}
+    return PeerServer([sys.executable, "-c", STAND_IN], env, tmp_path / "serve.log", timeout_s=timeout_s)
+
+
+def test_peer_server_answers_prompt_by_prompt_over_a_pipe(tmp_path):
+    """`bench lm --paired`'s peer worker: started once, one answer per request (chatter on stdout
+    skipped), decode tokens/s as time_lm counts them: (tokens - 1) over the time after the first."""
+    with _stand_in_server(tmp_path) as server:
+        rates = [server.decode_tokens_per_s([7, 8], 9), server.decode_tokens_per_s([40], 1)]
+    assert rates[1] is None  # one token: no decode time
+    assert 0 < rates[0] < 8 / 0.015 * 1e3  # 8 tokens after the first, over at least 20 - 5 ms
+    with _stand_in_server(tmp_path) as server:
+        with pytest.raises(RuntimeError, match=r"peer worker exited \(3\)"):
+            server.decode_tokens_per_s([13], 4)
+    with _stand_in_server(tmp_path, timeout_s=1) as server:
+        with pytest.raises(RuntimeError, match="no reply in 1 s"):
+            server.decode_tokens_per_s([14], 4)

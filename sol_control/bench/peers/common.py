@@ -130,6 +130,12 @@ def peak_rss_mb() -> float:
     return float("nan")
 
 
+def decode_rate(n_tokens: int, first_ms: float, wall_ms: float) -> float | None:
+    """Decode tokens/s of one answer: the tokens after the first over the time after it (None for
+    an answer of one token)."""
+    return (n_tokens - 1) / (wall_ms - first_ms) * 1e3 if n_tokens > 1 and wall_ms > first_ms else None
+
+
 def time_lm(generate: LMGenerate, w: LMWork) -> dict:
     """Every prompt once (medians over prompts), then the whole agent loop end to end.
 
@@ -145,8 +151,9 @@ def time_lm(generate: LMGenerate, w: LMWork) -> dict:
         c0, t0 = time.process_time(), time.monotonic_ns()
         tokens, first_ms = generate(ids, w.prompt_new_tokens, False)
         wall_ms, cpu = _ms_since(t0), time.process_time() - c0
-        if len(tokens) > 1 and wall_ms > first_ms:
-            decode.append((len(tokens) - 1) / (wall_ms - first_ms) * 1e3)
+        rate = decode_rate(len(tokens), first_ms, wall_ms)
+        if rate is not None:
+            decode.append(rate)
         ttft.append(first_ms)
         with_prefill.append(len(tokens) / wall_ms * 1e3)
         cpu_s.append(cpu)
@@ -168,6 +175,38 @@ def time_lm(generate: LMGenerate, w: LMWork) -> dict:
             "cpu_s_per_query": pct(cpu_s, 50),
             "rss_mb": peak_rss_mb(),
             "outputs": {"prompts": prompts_out, "loop": loop_out}}
+
+
+SERVE_MARK = "@@sol_control "  # starts every reply line of a serving worker (the engine may print too)
+
+
+def serve_lm(generate: LMGenerate, w: LMWork, inp=None, out=None) -> dict:
+    """A worker's "serve" step (`bench lm --paired`): after a warm-up, a `{"ready": true}` reply,
+    then one answer per request line `{"ids": [...], "max_new": N}` from an empty cache, replied
+    as `{"tokens": [...], "first_ms": ..., "wall_ms": ...}` (timed as `time_lm` times a prompt),
+    until the input ends. Replies are lines starting with SERVE_MARK."""
+    import json
+    import sys
+
+    inp, out = inp or sys.stdin, out or sys.stdout
+    reset = getattr(generate, "reset", lambda: None)
+
+    def reply(obj: dict) -> None:
+        out.write(SERVE_MARK + json.dumps(obj) + "\n")
+        out.flush()
+
+    reset()
+    generate(w.prompts[0], 4, False)  # warm-up: first calls allocate
+    reply({"ready": True})
+    served = 0
+    for line in inp:
+        req = json.loads(line)
+        reset()
+        t0 = time.monotonic_ns()
+        tokens, first_ms = generate(req["ids"], int(req["max_new"]), False)
+        reply({"tokens": [int(t) for t in tokens], "first_ms": first_ms, "wall_ms": _ms_since(t0)})
+        served += 1
+    return {"served": served}
 
 
 def folder_mb(path) -> float:

@@ -115,7 +115,7 @@ def prepare_transformers_lm(hf_dir: Path, work: Path, precision: str, threads: i
     return {"format": "fp32 (torch eager, sdpa)", "model_mb": folder_mb(hf_dir / "model.safetensors")}
 
 
-def run_transformers_lm(hf_dir: Path, w: LMWork, work: Path, precision: str, mode: str) -> dict:
+def run_transformers_lm(hf_dir: Path, w: LMWork, work: Path, precision: str, mode: str, timer=time_lm) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -125,4 +125,4 @@ def run_transformers_lm(hf_dir: Path, w: LMWork, work: Path, precision: str, mod
     note = ("DynamicCache kept across loop rounds" if lookup is None else
             "assisted generation cannot continue a filled cache: every loop round prefills the whole conversation")
     label = "plain" if lookup is None else f"prompt lookup k={lookup} n=2"
-    return {"mode": label, "note": note, **time_lm(transformers_lm_generate(model, w.stop_ids, lookup), w)}
+    return {"mode": label, "note": note, **timer(transformers_lm_generate(model, w.stop_ids, lookup), w)}

@@ -257,7 +257,7 @@ def prepare_llama_lm(src: Path, work: Path, precision: str, threads: int) -> dic
     return info
 
 
-def run_llama_lm(src: Path, w: LMWork, work: Path, precision: str, mode: str) -> dict:
+def run_llama_lm(src: Path, w: LMWork, work: Path, precision: str, mode: str, timer=time_lm) -> dict:
     import llama_cpp
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
@@ -273,7 +273,7 @@ def run_llama_lm(src: Path, w: LMWork, work: Path, precision: str, mode: str) ->
                           draft_model=LlamaPromptLookupDecoding(**lookup) if lookup else None,
                           logits_all=bool(lookup), **kv)
     label = "plain" if lookup is None else f"prompt lookup k={lookup['num_pred_tokens']} n={lookup['max_ngram_size']}"
-    row = {"mode": label, **time_lm(llama_lm_generate(llm, w.stop_ids), w)}
+    row = {"mode": label, **timer(llama_lm_generate(llm, w.stop_ids), w)}
     if lookup:
         row["note"] = "a draft model keeps every position's logits (n_ctx x vocab floats: the RSS)"
     llm.close()

@@ -8,6 +8,8 @@ Two halves, as in `sol_control.bench.peers`:
   worker per (engine, precision, mode) in the engine's venv — a fresh process per row, so its peak
   RSS and CPU time are that row's — and returns one row each. A missing venv gives one row per
   engine with `skipped` and a note.
+- `PeerServer.start(gguf, workload, threads, peer)` keeps one row's worker running (its "serve"
+  step, `common.serve_lm`: one prompt per request line) for `bench lm --paired`.
 - the worker (`python -m sol_control.bench.peers.lm worker SPEC OUT`) imports its engine only:
     llama.cpp     the GGUF itself (Q4_1), and F32 / Q8_0 GGUFs from the HF folder (its converter
                   and quantizer); plain and prompt lookup (`LlamaPromptLookupDecoding`)
@@ -39,7 +41,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..common import REPO, table
-from .common import VENVS, LMWork, next_loop_context
+from .common import SERVE_MARK, VENVS, LMWork, decode_rate, next_loop_context, serve_lm, time_lm
 
 WORKLOAD = REPO / "sol_control" / "bench" / "data" / "lm_workload.json"
 LM_ENGINES = ("llama.cpp", "ort-genai", "openvino", "transformers")
@@ -130,7 +132,8 @@ def worker(spec_path: Path, out_path: Path) -> None:
     if spec["step"] == "prepare":
         out = getattr(mod, prepare)(src, Path(spec["work"]), spec["precision"], w.threads)
     else:
-        out = getattr(mod, run)(src, w, Path(spec["work"]), spec["precision"], spec["mode"])
+        timer = {"run": time_lm, "serve": serve_lm}[spec["step"]]
+        out = getattr(mod, run)(src, w, Path(spec["work"]), spec["precision"], spec["mode"], timer=timer)
     out_path.write_text(json.dumps(out))
 
 
@@ -139,17 +142,20 @@ def venv_ready(engine: str) -> bool:
     return (VENVS[engine][0] / ".peers-installed").is_file()
 
 
+def worker_env(threads: int) -> dict:
+    return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
+
+
 def call_worker(engine: str, spec: dict, work: Path, timeout_s: float) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     tag = f"{engine}-{spec['precision']}-{spec.get('mode', '')}-{spec['step']}-t{spec['work_ids']['threads']}"
     spec_path, out_path = work / f"{tag}.spec.json", work / f"{tag}.out.json"
     spec_path.write_text(json.dumps(spec))
     out_path.unlink(missing_ok=True)
-    threads = str(spec["work_ids"]["threads"])
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false"}
     python = VENVS[engine][0] / "bin" / "python"
     proc = subprocess.run([str(python), "-m", "sol_control.bench.peers.lm", "worker", str(spec_path), str(out_path)],
-                          env=env, capture_output=True, text=True, timeout=timeout_s)
+                          env=worker_env(spec["work_ids"]["threads"]), capture_output=True, text=True,
+                          timeout=timeout_s)
     (work / f"{tag}.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0 or not out_path.is_file():
         raise RuntimeError(f"{engine} {spec['step']} failed ({proc.returncode}): {proc.stderr[-1500:]}")
@@ -174,6 +180,20 @@ def empty_row(engine: str, mode: str | None, precision: str | None, threads: int
             "cpu_s_per_query": None, "rss_mb": None, "outputs": None, "note": note, "skipped": True}
 
 
+def work_dir(gguf: Path) -> Path:
+    """Where the peers' converted models and worker logs for this GGUF live (git-ignored)."""
+    return REPO / ".work" / "lm" / "peers" / f"{gguf.stem}-{file_digest(gguf)}"
+
+
+def worker_spec(gguf: Path, w: LMWork, engine: str, precision: str, mode: str, work: Path) -> dict:
+    """What a worker is told: the engine, its row, the model (llama.cpp's int4 is the GGUF itself,
+    the rest start from the HF folder of its dequantized weights, written once) and the ids."""
+    native = engine == "llama.cpp" and precision == "int4"
+    hf_dir = None if native else hf_folder(gguf)
+    return {"engine": engine, "precision": precision, "mode": mode, "gguf": str(gguf), "native": native,
+            "hf_dir": str(hf_dir) if hf_dir else None, "work": str(work / engine), "work_ids": asdict(w)}
+
+
 def run_lm_peers(gguf: Path, workload: dict, threads: int, engines=None, quick: bool = False, *,
                  reference: dict | None = None, modes: dict | None = None, work: Path | None = None,
                  timeout_s: float = 5400) -> list[dict]:
@@ -188,8 +208,8 @@ def run_lm_peers(gguf: Path, workload: dict, threads: int, engines=None, quick: 
     gguf = Path(gguf).resolve()
     w = lm_work(read_gguf_tokenizer(gguf), workload, threads, quick)
     modes = modes or LM_MODES
-    rows, hf_dir = [], None
-    work = Path(work or REPO / ".work" / "lm" / "peers" / f"{gguf.stem}-{file_digest(gguf)}")
+    rows = []
+    work = Path(work or work_dir(gguf))
     for engine in engines or LM_ENGINES:
         if not venv_ready(engine):
             venv, target = VENVS[engine]
@@ -197,11 +217,7 @@ def run_lm_peers(gguf: Path, workload: dict, threads: int, engines=None, quick: 
                                   f"skipped: no {venv.name} (run `bash tools/setup_peers.sh {target}`)"))
             continue
         for precision, mode in modes[engine]:
-            native = engine == "llama.cpp" and precision == "int4"
-            if not native and hf_dir is None:
-                hf_dir = hf_folder(gguf)
-            spec = {"engine": engine, "precision": precision, "mode": mode, "gguf": str(gguf), "native": native,
-                    "hf_dir": str(hf_dir) if hf_dir else None, "work": str(work / engine), "work_ids": asdict(w)}
+            spec = worker_spec(gguf, w, engine, precision, mode, work)
             try:
                 info = prepared(engine, spec, work / engine, timeout_s)
                 row = call_worker(engine, {**spec, "step": "run"}, work / engine, timeout_s)
@@ -217,6 +233,83 @@ def run_lm_peers(gguf: Path, workload: dict, threads: int, engines=None, quick: 
                 row["agreement"] = lm_agreement(row["outputs"], reference)
             rows.append(row)
     return rows
+
+
+class PeerServer:
+    """One peer row kept running (`bench lm --paired`): its worker in the engine's venv, started once
+    with the "serve" step (`common.serve_lm`), answers one prompt per `decode_tokens_per_s` call, so
+    that its answers and ours can alternate prompt by prompt. `command` is the worker's argv
+    (`PeerServer.start` builds it for an engine); replies are read with a timeout."""
+
+    def __init__(self, command: list[str], env: dict, log: Path, timeout_s: float = 600):
+        self.timeout_s, self._buf, self._log = timeout_s, b"", open(log, "wb")
+        self._proc = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=self._log)
+        try:
+            self._reply()  # {"ready": true} after the worker's warm-up
+        except RuntimeError:
+            self.close()
+            raise
+
+    @classmethod
+    def start(cls, gguf: Path, workload: dict, threads: int, peer: dict, work: Path | None = None) -> PeerServer:
+        """The worker for `peer` (engine, precision, spec_mode) at `threads`, its model prepared first."""
+        from sol_control.lm.tokenizer import read_gguf_tokenizer
+
+        gguf = Path(gguf).resolve()
+        engine = peer["engine"]
+        if not venv_ready(engine):
+            raise RuntimeError(f"no venv for {engine} (run `bash tools/setup_peers.sh {VENVS[engine][1]}`)")
+        work = Path(work or work_dir(gguf)) / engine
+        spec = worker_spec(gguf, lm_work(read_gguf_tokenizer(gguf), workload, threads), engine, peer["precision"],
+                           peer["spec_mode"], work.parent)
+        prepared(engine, spec, work, 5400)
+        spec_path = work / f"{engine}-{peer['precision']}-{peer['spec_mode']}-serve-t{threads}.spec.json"
+        spec_path.write_text(json.dumps({**spec, "step": "serve"}))
+        python = VENVS[engine][0] / "bin" / "python"
+        return cls([str(python), "-m", "sol_control.bench.peers.lm", "worker", str(spec_path), os.devnull],
+                   worker_env(threads), spec_path.with_suffix(".log"))
+
+    def decode_tokens_per_s(self, ids: list[int], max_new_tokens: int) -> float | None:
+        """The peer's answer to `ids` from an empty cache: decode tokens/s as `time_lm` counts them."""
+        self._proc.stdin.write((json.dumps({"ids": [int(i) for i in ids], "max_new": max_new_tokens}) + "\n").encode())
+        self._proc.stdin.flush()
+        r = self._reply()
+        return decode_rate(len(r["tokens"]), r["first_ms"], r["wall_ms"])
+
+    def _reply(self) -> dict:
+        import select
+
+        deadline, fd = time.monotonic() + self.timeout_s, self._proc.stdout.fileno()
+        while True:
+            while b"\n" not in self._buf:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([fd], [], [], left)[0]:
+                    self._proc.kill()  # stalled: close() need not wait for it
+                    raise RuntimeError(f"peer worker: no reply in {self.timeout_s:.0f} s (log: {self._log.name})")
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    raise RuntimeError(f"peer worker exited ({self._proc.wait()}); log: {self._log.name}")
+                self._buf += chunk
+            line, self._buf = self._buf.split(b"\n", 1)
+            if line.startswith(SERVE_MARK.encode()):
+                return json.loads(line[len(SERVE_MARK):])
+
+    def close(self) -> None:
+        if self._proc.stdin and not self._proc.stdin.closed:
+            self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._log.close()
+
+    def __enter__(self) -> PeerServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 # ---- our fp32 reference and agreement ---------------------------------------------------------------

@@ -164,13 +164,13 @@ def genai_lm_generate(model_dir: Path, max_length: int, stop_ids, ngram: dict | 
     return generate
 
 
-def run_genai_lm(hf_dir: Path, w: LMWork, work: Path, precision: str, mode: str) -> dict:
+def run_genai_lm(hf_dir: Path, w: LMWork, work: Path, precision: str, mode: str, timer=time_lm) -> dict:
     """One row: the builder's model at `precision` (converted once, cached in `work`), plain or n-gram."""
     target = genai_convert(hf_dir, work / f"genai-{precision}", precision, w.threads)
     ngram = GENAI_NGRAM if mode == "ngram" else None
     generate = genai_lm_generate(target, w.loop_context_max + 16, w.stop_ids, ngram)
     label = "plain" if ngram is None else f"n-gram n={ngram['ngram_size']} k={ngram['max_draft_tokens']}"
-    return {"mode": label, **time_lm(generate, w)}
+    return {"mode": label, **timer(generate, w)}
 
 
 def prepare_genai_lm(hf_dir: Path, work: Path, precision: str, threads: int) -> dict:

@@ -143,7 +143,7 @@ def prepare_ov_lm(hf_dir: Path, work: Path, precision: str, threads: int) -> dic
                     "(loop rounds); an untimed 1-token call clears it before each prompt"}
 
 
-def run_openvino_lm(hf_dir: Path, w: LMWork, work: Path, precision: str, mode: str) -> dict:
+def run_openvino_lm(hf_dir: Path, w: LMWork, work: Path, precision: str, mode: str, timer=time_lm) -> dict:
     import openvino_genai as og
 
     target = ov_export(hf_dir, work / f"ov-{precision}", precision)
@@ -151,4 +151,4 @@ def run_openvino_lm(hf_dir: Path, w: LMWork, work: Path, precision: str, mode: s
     pipe = og.LLMPipeline(str(target), "CPU", **ov_properties(precision, w.threads),
                           **({"prompt_lookup": True} if lookup else {}))
     label = "plain" if lookup is None else f"prompt lookup k={lookup['num_assistant_tokens']} n={lookup['max_ngram_size']}"
-    return {"mode": label, **time_lm(ov_lm_generate(pipe, w.stop_ids, lookup), w)}
+    return {"mode": label, **timer(ov_lm_generate(pipe, w.stop_ids, lookup), w)}
