@@ -5,6 +5,8 @@ the fixture weights reproduces our standard greedy outputs, plain and speculativ
 from __future__ import annotations
 
 import json
+import os
+import statistics
 import subprocess
 import sys
 
@@ -141,8 +143,8 @@ def test_llama_cpp_matches_standard_outputs(tmp_path):
 
 @skip_without("ort-genai")
 def test_paired_rounds_alternate_the_best_peer_row_with_ours():
-    """`bench all`'s paired check: each round one run of the peer row and then ours on the peers'
-    prefixes; the ratio is the peer's ms over ours, and a mode the peer does not run is an error."""
+    """`bench all`'s paired check with the real peer served: the ratio is the peer's ms over ours,
+    and a mode the peer does not run is an error."""
     from sol_control.bench import paired
 
     bundle = Bundle.load(REPO / "models" / "qc")
@@ -154,8 +156,8 @@ def test_paired_rounds_alternate_the_best_peer_row_with_ours():
     assert r["peer_ms"] > 0 and 0 < r["ours_warm_ms"] and 0 < r["ours_cold_ms"]
     assert rep["vs_best_peer_qc_paired"] == r["peer_ms"] / r["ours_warm_ms"]
     assert rep["vs_best_peer_qc_paired_cold"] == r["peer_ms"] / r["ours_cold_ms"]
-    with pytest.raises(RuntimeError, match="no speculative k=3 int4 row"):
-        paired.peer_ms(bundle, {**best, "mode": "speculative k=3"})
+    with pytest.raises(RuntimeError, match=r"ort-genai has no speculative k=3 row at \['int4'\]"):
+        peers.serve_row(bundle, {**best, "mode": "speculative k=3"})
 
 
 # A stand-in engine behind the real serve loop: it answers by counting up from the prompt's last id,
@@ -177,11 +179,11 @@ print(serve_lm(generate, LMWork(prompts=[[1, 2]], loop_first=[1], loop_turns=[],
 """
 
 
-def _stand_in_server(tmp_path, timeout_s=30):
+def _stand_in_server(tmp_path, timeout_s=30, script=STAND_IN, cls=None):
     from sol_control.bench.peers.lm import PeerServer
 
-    env = {**__import__("os").environ, "PYTHONPATH": str(REPO)}
-    return PeerServer([sys.executable, "-c", STAND_IN], env, tmp_path / "serve.log", timeout_s=timeout_s)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return (cls or PeerServer)([sys.executable, "-c", script], env, tmp_path / "serve.log", timeout_s=timeout_s)
 
 
 def test_peer_server_answers_prompt_by_prompt_over_a_pipe(tmp_path):
@@ -197,3 +199,68 @@ def test_peer_server_answers_prompt_by_prompt_over_a_pipe(tmp_path):
     with _stand_in_server(tmp_path, timeout_s=1) as server:
         with pytest.raises(RuntimeError, match="no reply in 1 s"):
             server.decode_tokens_per_s([14], 4)
+
+
+# A stand-in decision engine behind the real decision serve loop: two rows, only "plain" served.
+STAND_IN_DECIDE = """
+import time
+from sol_control.bench.peers.common import Workload, serve_decisions, timed_row
+
+def decide(prefix):
+    time.sleep(0.005)
+    return [t + 1 for t in prefix[:3]], 1.0, {}
+
+timer = serve_decisions("plain")
+w = Workload(prefixes=[[1, 2, 3]], new_tokens=3)
+rows = [timed_row("x", "speculative k=8", "fp32", decide, w, timer), timed_row("x", "plain", "fp32", decide, w, timer)]
+assert rows[0]["skipped"] and rows[1]["served"] == 2, rows
+"""
+
+
+def test_a_served_decision_row_answers_each_prefix(tmp_path):
+    """`bench all`'s paired peer: the worker serves the asked row only (the other is skipped), one
+    decision per request, timed inside the worker; it exits cleanly when the input ends."""
+    from sol_control.bench.peers.common import ServedWorker
+
+    with _stand_in_server(tmp_path, script=STAND_IN_DECIDE, cls=ServedWorker) as peer:
+        got = [peer.ask({"prefix": [7, 8, 9, 10]}), peer.ask({"prefix": [1, 2, 3]})]
+        proc = peer._proc
+    assert [g["tokens"] for g in got] == [[8, 9, 10], [2, 3, 4]]
+    assert all(g["ms"] >= 5.0 for g in got)
+    assert proc.returncode == 0  # its own check of the rows passed
+
+
+def test_paired_decisions_alternate_with_the_peer_on_real_sessions(monkeypatch):
+    """`bench/paired.py`: per prefix our warm and cold decisions (the QC bundle, real sessions) with the
+    peer's before or after them, alternating; a round's ratio is the peer's median ms over ours."""
+    from sol_control.bench import paired
+
+    bundle = Bundle.load(REPO / "models" / "qc")
+    calls, real = [], paired.speculate_heads
+
+    def ours(*a, **k):
+        calls.append("ours")
+        return real(*a, **k)
+
+    class Peer:
+        def ask(self, req):
+            calls.append("peer")
+            return {"ms": 100.0 + len(req["prefix"])}
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            calls.append("closed")
+
+    monkeypatch.setattr(paired, "speculate_heads", ours)
+    monkeypatch.setattr(paired, "REPEATS", 1)
+    rep = paired.paired(bundle, {"engine": "x", "precision": "int4", "mode": "plain"}, 2, "_qc",
+                        progress=lambda line: None, open_peer=Peer)
+    calls = calls[2:]  # the warm-up
+    assert calls[-1] == "closed" and len(calls) == 2 * 16 * 3 + 1
+    assert calls[:6] == ["peer", "ours", "ours", "ours", "ours", "peer"]  # prefix 1 peer first, prefix 2 last
+    assert calls[48:51] == ["ours", "ours", "peer"]  # round 2 starts the other way round
+    r = rep["paired_qc"]["rounds"][0]
+    assert 100 < r["peer_ms"] and rep["vs_best_peer_qc_paired"] == statistics.median(
+        x["peer_ms"] / x["ours_warm_ms"] for x in rep["paired_qc"]["rounds"])

@@ -1,10 +1,12 @@
-"""Ours against the best peer row in alternating rounds (`vs_best_peer_paired`).
+"""Ours against the best peer row, decision by decision (`vs_best_peer_paired`).
 
 `bench all` times our rows first and the peers minutes later, and this host's speed drifts by
-10-30 % in that time, so `vs_best_peer` from one run moves by as much. Here each round runs the
-best peer row's engine and precision once (its own process and venv, `peers.run_all`) and then our
-int8 + heads decisions alone, on the same decision prefixes: warm (the previous frame's static
-prefix kept, as in the node) and cold (cache emptied). The ratio is the median over the rounds.
+10-30 % in that time, so `vs_best_peer` from one run moves by as much. Here the best peer row is
+kept running (`peers.serve_row`: its worker in its own venv serves one decision per request) and
+its decisions alternate with ours on the same decision prefixes, who goes first alternating too:
+ours warm (the previous frame's static prefix kept, as in the node) and cold (cache emptied). A
+round is every prefix `REPEATS` times; its ratio is the peer's median ms over ours; the headline
+is the median over the rounds.
 
     python -m sol_control.bench.paired --bundle models/qc [--rounds 4] [--engine ort-genai] [--precision int4] [--mode plain]
 """
@@ -18,45 +20,45 @@ from .common import default_bundle
 from .decode_bench import decision_prefixes
 
 OURS = "int8 + heads"  # the node's fast path (decoding.fast_precision int8, draft heads)
+REPEATS = 5  # passes over the 16 prefixes a round
 
 
-def peer_ms(bundle, best: dict) -> float:
-    """One run of the peer benchmark for `best`'s engine and precision: its row of `best`'s mode."""
-    from . import peers
-
-    rep = peers.run_all(bundle, engines=(best["engine"],), precisions=[best["precision"]])
-    row = next((r for r in rep.get("rows", []) if r["mode"] == best["mode"]), None)
-    if row is None:
-        raise RuntimeError(f"peer {best['engine']} gave no {best['mode']} {best['precision']} row: "
-                           f"{rep.get('errors') or rep.get('note')}")
-    return row["decision_ms_p50"]
-
-
-def ours_ms(sess, prefixes, n_tokens: int, repeats: int = 5) -> tuple[float, float]:
-    """(warm, cold) medians of our decisions over `repeats` passes of the prefixes."""
-    warm, cold = [], []
-    for _ in range(repeats):
-        warm += [speculate_heads(sess, p, n_tokens).stats.wall_ms for p in prefixes]
-        for p in prefixes:
+def one_round(sess, peer, prefixes, n_tokens: int, first: int) -> dict:
+    """Every prefix REPEATS times: the peer's decision and ours (warm, then cold), the peer first on
+    every other prefix; medians."""
+    peer_ms, warm, cold = [], [], []
+    for r in range(REPEATS):
+        for j, p in enumerate(prefixes):
+            peer_first = (first + r + j) % 2 == 0
+            if peer_first:
+                peer_ms.append(peer.ask({"prefix": p.tolist()})["ms"])
+            warm.append(speculate_heads(sess, p, n_tokens).stats.wall_ms)  # after the previous prefix's
             sess.reset()
             cold.append(speculate_heads(sess, p, n_tokens).stats.wall_ms)
-    return statistics.median(warm), statistics.median(cold)
+            if not peer_first:
+                peer_ms.append(peer.ask({"prefix": p.tolist()})["ms"])
+    return {"peer_ms": statistics.median(peer_ms), "ours_warm_ms": statistics.median(warm),
+            "ours_cold_ms": statistics.median(cold)}
 
 
-def paired(bundle, best: dict, rounds: int, suffix: str = "", progress=print) -> dict:
+def paired(bundle, best: dict, rounds: int, suffix: str = "", progress=print, open_peer=None) -> dict:
     """`vs_best_peer{suffix}_paired` (and `_cold`): the best peer row's ms per decision over ours,
-    median over `rounds` alternating rounds; the rounds themselves under `paired{suffix}`."""
+    median over `rounds` rounds; the rounds themselves under `paired{suffix}`. `open_peer()` gives
+    the served peer row (default `peers.serve_row(bundle, best)`)."""
+    from . import peers
+
     sess = open_decoder(bundle, "target", "int8")
-    prefixes = decision_prefixes(bundle, 16)  # the peers' workload (peers.run_all)
+    prefixes = decision_prefixes(bundle, 16)  # the peers' workload (peers.decision_workload)
     n_tokens = len(bundle.manifest.actions)
-    ours_ms(sess, prefixes[:2], n_tokens, 1)  # first runs allocate
+    for p in prefixes[:2]:  # first runs allocate
+        speculate_heads(sess, p, n_tokens)
     per_round = []
-    for rnd in range(rounds):
-        peer = peer_ms(bundle, best)
-        warm, cold = ours_ms(sess, prefixes, n_tokens)
-        per_round.append({"peer_ms": peer, "ours_warm_ms": warm, "ours_cold_ms": cold})
-        progress(f"paired {bundle.manifest.name} round {rnd + 1}/{rounds}: {best['engine']} {peer:.2f} ms, "
-                 f"ours {warm:.2f} / {cold:.2f} ms warm / cold")
+    with (open_peer or (lambda: peers.serve_row(bundle, best)))() as peer:
+        for rnd in range(rounds):
+            r = one_round(sess, peer, prefixes, n_tokens, rnd)
+            per_round.append(r)
+            progress(f"paired {bundle.manifest.name} round {rnd + 1}/{rounds}: {best['engine']} {r['peer_ms']:.2f} ms, "
+                     f"ours {r['ours_warm_ms']:.2f} / {r['ours_cold_ms']:.2f} ms warm / cold")
     return {f"vs_best_peer{suffix}_paired": statistics.median(r["peer_ms"] / r["ours_warm_ms"] for r in per_round),
             f"vs_best_peer{suffix}_paired_cold": statistics.median(r["peer_ms"] / r["ours_cold_ms"] for r in per_round),
             f"paired{suffix}": {"peer": best, "ours": OURS, "rounds": per_round}}

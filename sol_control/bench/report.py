@@ -346,8 +346,8 @@ def _md_peers(s: dict) -> list[str]:
                          f"{s[f'vs_best_peer{suffix}']:.2f}x ({s[f'vs_best_peer{suffix}_cold']:.2f}x cold)")
         if f"vs_best_peer{suffix}_paired" in s:
             rounds = s[f"paired{suffix}"]["rounds"]
-            lines.append(f"Paired, {len(rounds)} rounds alternating between that peer row and our "
-                         f"{s[f'paired{suffix}']['ours']} on the peers' prefixes (`bench/paired.py`): "
+            lines.append(f"Paired, {len(rounds)} rounds of that peer row's decisions alternating with our "
+                         f"{s[f'paired{suffix}']['ours']}'s on the peers' prefixes (`bench/paired.py`): "
                          f"vs_best_peer{suffix}_paired {s[f'vs_best_peer{suffix}_paired']:.2f}x "
                          f"({s[f'vs_best_peer{suffix}_paired_cold']:.2f}x cold); peer "
                          + ", ".join(f"{r['peer_ms']:.2f}" for r in rounds) + " ms, ours "

@@ -40,7 +40,8 @@ from pathlib import Path
 import numpy as np
 
 from ..common import REPO, table
-from .common import ENGINES, PRECISIONS, VENVS, WEIGHTS_FROM, Workload
+from .common import (ENGINES, PRECISIONS, VENVS, WEIGHTS_FROM, ServedWorker, Workload, serve_decisions,
+                     time_decisions)
 
 # the worker imports its engine module only: the others may not even install in its venv
 RUNNERS = {"ort-genai": ("ort_genai", "run_genai"), "transformers": ("hf_transformers", "run_transformers"),
@@ -58,7 +59,11 @@ def worker(spec_path: Path, out_path: Path) -> None:
 
     module, fn = RUNNERS[engine]
     run = getattr(importlib.import_module(f"{__name__}.{module}"), fn)
-    rows = run(hf_target, hf_draft, w) if engine == "transformers" else run(hf_target, hf_draft, w, work, precisions)
+    timer = serve_decisions(spec["serve_mode"]) if spec.get("serve_mode") else time_decisions
+    rows = (run(hf_target, hf_draft, w, timer=timer) if engine == "transformers"
+            else run(hf_target, hf_draft, w, work, precisions, timer=timer))
+    if spec.get("serve_mode") and not any("served" in r for r in rows):
+        raise ValueError(f"{engine} has no {spec['serve_mode']} row at {list(precisions)}")
     out_path.write_text(json.dumps({"rows": rows}))
 
 
@@ -66,20 +71,31 @@ def venv_python(engine: str) -> Path:
     return VENVS[engine][0] / "bin" / "python"
 
 
+def _write_spec(engine: str, hf_target: Path, hf_draft: Path | None, w: Workload, work: Path, precisions=None,
+                serve_mode: str | None = None) -> tuple[Path, Path]:
+    """The worker's spec file (and where it writes its rows), in `work`."""
+    work.mkdir(parents=True, exist_ok=True)
+    wanted = PRECISIONS.get(engine, ("fp32",))
+    spec = {"engine": engine, "hf_target": str(hf_target), "hf_draft": str(hf_draft) if hf_draft else None,
+            "workload": asdict(w), "work": str(work), "precisions": [p for p in (precisions or wanted) if p in wanted],
+            "serve_mode": serve_mode}
+    tag = f"{engine}-serve" if serve_mode else engine
+    spec_path = work / f"{tag}-spec.json"
+    spec_path.write_text(json.dumps(spec))
+    return spec_path, work / f"{tag}-rows.json"
+
+
+def _worker_env(threads: int) -> dict:
+    return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(threads)}
+
+
 def run_peer(engine: str, hf_target: Path, hf_draft: Path | None, w: Workload, work: Path,
              python: Path | None = None, precisions=None, timeout_s: float = 3600) -> list[dict]:
     """Run one engine's worker in its venv (`python`, default the engine's own); its rows (with outputs)."""
-    work.mkdir(parents=True, exist_ok=True)
     python = Path(python or venv_python(engine))
-    wanted = PRECISIONS.get(engine, ("fp32",))
-    precisions = [p for p in (precisions or wanted) if p in wanted]
-    spec = {"engine": engine, "hf_target": str(hf_target), "hf_draft": str(hf_draft) if hf_draft else None,
-            "workload": asdict(w), "work": str(work), "precisions": precisions}
-    spec_path, out_path = work / f"{engine}-spec.json", work / f"{engine}-rows.json"
-    spec_path.write_text(json.dumps(spec))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(w.threads)}
+    spec_path, out_path = _write_spec(engine, hf_target, hf_draft, w, work, precisions)
     proc = subprocess.run([str(python), "-m", "sol_control.bench.peers", "worker", str(spec_path), str(out_path)],
-                          env=env, capture_output=True, text=True, timeout=timeout_s)
+                          env=_worker_env(w.threads), capture_output=True, text=True, timeout=timeout_s)
     if proc.returncode != 0:
         raise RuntimeError(f"peer {engine} failed ({proc.returncode}): {proc.stderr[-2000:]}")
     return json.loads(out_path.read_text())["rows"]
@@ -135,14 +151,40 @@ def standard_outputs(bundle, prefixes: list[list[int]], new_tokens: int, threads
     return [greedy(target, np.asarray(p, np.int64), new_tokens).tokens for p in prefixes]
 
 
+def decision_workload(bundle, quick: bool = False, threads: int = 1, k: int = 8) -> Workload:
+    """The bundle's decision prefixes (test split; 16, or 4 with `quick`) and its action count."""
+    from .. import decode_bench
+
+    prefixes = [p.tolist() for p in decode_bench.decision_prefixes(bundle, 4 if quick else 16)]
+    return Workload(prefixes, len(bundle.manifest.actions) or 16, rounds=2 if quick else 5, threads=threads, k=k)
+
+
+def peers_work(bundle, hf_target: Path, hf_draft: Path | None) -> Path:
+    """Where the peers' converted models for these weights live (git-ignored)."""
+    return REPO / ".work" / "peers" / f"{bundle.manifest.name}-{weights_digest(hf_target, hf_draft)}"
+
+
+def serve_row(bundle, row: dict, threads: int = 1, timeout_s: float = 600) -> ServedWorker:
+    """The peer row `row` (engine, precision, mode, as `run_all` names them) kept running: its worker
+    serves one decision per `ask({"prefix": [...]})`, replied `{"tokens": [...], "ms": ...}`."""
+    engine = row["engine"]
+    if not venv_python(engine).exists():
+        raise RuntimeError(f"no venv for {engine}: run `bash tools/setup_peers.sh {VENVS[engine][1]}`")
+    hf_target, hf_draft = hf_folders(bundle)
+    work = peers_work(bundle, hf_target, hf_draft) / engine
+    precision = row["precision"].split()[0]  # llama.cpp's rows say "int4 (Q4_0)"
+    spec_path, _ = _write_spec(engine, hf_target, hf_draft, decision_workload(bundle, threads=threads), work,
+                               [precision], serve_mode=row["mode"])
+    return ServedWorker([str(venv_python(engine)), "-m", "sol_control.bench.peers", "worker", str(spec_path),
+                         os.devnull], _worker_env(threads), spec_path.with_suffix(".log"), timeout_s)
+
+
 def run_all(bundle, quick: bool = False, engines=ENGINES, python: Path | None = None,
             hf_target: Path | None = None, hf_draft: Path | None = None, threads: int = 1,
             k: int = 8, work: Path | None = None, precisions=None) -> dict:
     """Rows for every peer engine, mode and precision on the bundle's decision workload (see the
     module doc). `python` forces one interpreter for every engine (default: each engine's venv);
     `precisions` narrows every engine to these (default: each engine's own list)."""
-    from .. import decode_bench
-
     available = [e for e in engines if Path(python or venv_python(e)).exists()]
     skipped = {e: f"no venv at {VENVS[e][0]}: run `bash tools/setup_peers.sh {VENVS[e][1]}`"
                for e in engines if e not in available}
@@ -158,12 +200,10 @@ def run_all(bundle, quick: bool = False, engines=ENGINES, python: Path | None = 
         return {"note": f"no HF folder with the bundle's weights at {hf_target}", "rows": [], "skipped": skipped}
     if hf_draft is not None and not (hf_draft / "config.json").is_file():
         hf_draft = None
-    m = bundle.manifest
-    new_tokens = len(m.actions) or 16
-    prefixes = [p.tolist() for p in decode_bench.decision_prefixes(bundle, 4 if quick else 16)]
-    w = Workload(prefixes, new_tokens, rounds=2 if quick else 5, threads=threads, k=k)
+    w = decision_workload(bundle, quick, threads, k)
+    prefixes, new_tokens = w.prefixes, w.new_tokens
     reference = standard_outputs(bundle, prefixes, new_tokens, threads)
-    work = Path(work or REPO / ".work" / "peers" / f"{m.name}-{weights_digest(hf_target, hf_draft)}")
+    work = Path(work or peers_work(bundle, hf_target, hf_draft))
     rows, errors = [], {}
     for engine in available:
         try:

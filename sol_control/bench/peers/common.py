@@ -35,8 +35,9 @@ class Workload:
 Decide = Callable[[list[int]], tuple[list[int], float, dict]]
 
 
-def time_decisions(decide: Decide, w: Workload) -> dict:
-    """Run every prefix `w.rounds` times; per round tokens/s over all decisions, medians over rounds."""
+def time_decisions(decide: Decide, w: Workload, mode: str | None = None) -> dict:
+    """Run every prefix `w.rounds` times; per round tokens/s over all decisions, medians over rounds
+    (`mode`, the row's, is for `serve_decisions`)."""
     decide(w.prefixes[0])  # warm-up: first calls allocate
     tok_s, decode_tok_s, decision_ms, ttft_ms, outputs, infos = [], [], [], [], [], []
     for rnd in range(w.rounds):
@@ -180,33 +181,131 @@ def time_lm(generate: LMGenerate, w: LMWork) -> dict:
 SERVE_MARK = "@@sol_control "  # starts every reply line of a serving worker (the engine may print too)
 
 
-def serve_lm(generate: LMGenerate, w: LMWork, inp=None, out=None) -> dict:
-    """A worker's "serve" step (`bench lm --paired`): after a warm-up, a `{"ready": true}` reply,
-    then one answer per request line `{"ids": [...], "max_new": N}` from an empty cache, replied
-    as `{"tokens": [...], "first_ms": ..., "wall_ms": ...}` (timed as `time_lm` times a prompt),
-    until the input ends. Replies are lines starting with SERVE_MARK."""
+def serve(answer: Callable[[dict], dict], warm_up: Callable[[], object], inp=None, out=None) -> dict:
+    """A worker's "serve" step (the paired benchmarks): `warm_up()`, a `{"ready": true}` reply, then
+    `answer(request)` for each request line (JSON) until the input ends. Replies are JSON lines
+    starting with SERVE_MARK."""
     import json
     import sys
 
     inp, out = inp or sys.stdin, out or sys.stdout
-    reset = getattr(generate, "reset", lambda: None)
 
     def reply(obj: dict) -> None:
         out.write(SERVE_MARK + json.dumps(obj) + "\n")
         out.flush()
 
-    reset()
-    generate(w.prompts[0], 4, False)  # warm-up: first calls allocate
+    warm_up()  # first calls allocate
     reply({"ready": True})
     served = 0
     for line in inp:
-        req = json.loads(line)
+        reply(answer(json.loads(line)))
+        served += 1
+    return {"served": served}
+
+
+def serve_lm(generate: LMGenerate, w: LMWork) -> dict:
+    """`serve` for an LM row: a request `{"ids": [...], "max_new": N}` is answered from an empty
+    cache, replied as `{"tokens": [...], "first_ms": ..., "wall_ms": ...}` (timed as `time_lm`
+    times a prompt)."""
+    reset = getattr(generate, "reset", lambda: None)
+
+    def answer(req: dict) -> dict:
         reset()
         t0 = time.monotonic_ns()
         tokens, first_ms = generate(req["ids"], int(req["max_new"]), False)
-        reply({"tokens": [int(t) for t in tokens], "first_ms": first_ms, "wall_ms": _ms_since(t0)})
-        served += 1
-    return {"served": served}
+        return {"tokens": [int(t) for t in tokens], "first_ms": first_ms, "wall_ms": _ms_since(t0)}
+
+    return serve(answer, lambda: (reset(), generate(w.prompts[0], 4, False)))
+
+
+def timed_row(engine: str, mode: str, precision: str, decide: Decide, w: Workload, timer=time_decisions) -> dict:
+    """A peer's decision row: what it is, and `timer`'s figures (`time_decisions`, or serving it)."""
+    return {"engine": engine, "mode": mode, "precision": precision, **timer(decide, w, mode)}
+
+
+def serve_decisions(mode: str):
+    """A `time_decisions` stand-in that serves the row of `mode` (`serve`: a request `{"prefix":
+    [...]}` is one decision, replied as `{"tokens": [...], "ms": ...}`) and skips the engine's other
+    rows."""
+    def timer(decide: Decide, w: Workload, row_mode: str | None = None) -> dict:
+        if row_mode != mode:
+            return {"skipped": True}
+
+        def answer(req: dict) -> dict:
+            t0 = time.monotonic_ns()
+            tokens, _, _ = decide(req["prefix"])
+            return {"tokens": [int(t) for t in tokens], "ms": _ms_since(t0)}
+
+        return serve(answer, lambda: decide(w.prefixes[0]))
+
+    return timer
+
+
+class ServedWorker:
+    """A peer worker kept running with its "serve" step: `ask(request)` writes one request line and
+    reads the reply (lines without SERVE_MARK, the engine's own output, are skipped), with a timeout;
+    a worker that stalls is killed. `command` is its argv, stderr goes to `log`."""
+
+    def __init__(self, command: list[str], env: dict, log, timeout_s: float = 600):
+        import subprocess
+
+        self.timeout_s, self._buf, self._log = timeout_s, b"", open(log, "wb")
+        self._proc = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=self._log)
+        try:
+            self._reply()  # {"ready": true} after the worker's warm-up
+        except RuntimeError:
+            self.close()
+            raise
+
+    def ask(self, request: dict) -> dict:
+        import json
+
+        self._proc.stdin.write((json.dumps(request) + "\n").encode())
+        self._proc.stdin.flush()
+        return self._reply()
+
+    def _reply(self) -> dict:
+        import json
+        import os
+        import select
+
+        deadline, fd = time.monotonic() + self.timeout_s, self._proc.stdout.fileno()
+        while True:
+            while b"\n" not in self._buf:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([fd], [], [], left)[0]:
+                    self._proc.kill()  # stalled: close() need not wait for it
+                    raise RuntimeError(f"peer worker: no reply in {self.timeout_s:.0f} s (log: {self._log.name})")
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    code = self._proc.wait()
+                    self._log.flush()
+                    with open(self._log.name, "rb") as fh:
+                        tail = fh.read()[-600:].decode(errors="replace").strip()
+                    raise RuntimeError(f"peer worker exited ({code}); {self._log.name}: {tail}")
+                self._buf += chunk
+            line, self._buf = self._buf.split(b"\n", 1)
+            if line.startswith(SERVE_MARK.encode()):
+                return json.loads(line[len(SERVE_MARK):])
+
+    def close(self) -> None:
+        import subprocess
+
+        if self._proc.stdin and not self._proc.stdin.closed:
+            self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._log.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def folder_mb(path) -> float:

@@ -4,7 +4,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .common import Decide, LMGenerate, LMWork, Workload, cut_at_stop, folder_mb, time_decisions, time_lm
+from .common import (Decide, LMGenerate, LMWork, Workload, cut_at_stop, folder_mb,
+                     time_decisions, time_lm, timed_row)
 
 def transformers_decide(model, new_tokens: int, assistant=None) -> Decide:
     import torch
@@ -39,23 +40,22 @@ def transformers_decide(model, new_tokens: int, assistant=None) -> Decide:
     return decide
 
 
-def run_transformers(hf_target: Path, hf_draft: Path | None, w: Workload) -> list[dict]:
+def run_transformers(hf_target: Path, hf_draft: Path | None, w: Workload, timer=time_decisions) -> list[dict]:
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(w.threads)
     target = AutoModelForCausalLM.from_pretrained(hf_target, dtype=torch.float32).eval()
     target.generation_config.eos_token_id = None  # fixed-length decisions, like ours
-    rows = [{"engine": "transformers", "mode": "plain", "precision": "fp32",
-             **time_decisions(transformers_decide(target, w.new_tokens), w)}]
+    rows = [timed_row("transformers", "plain", "fp32", transformers_decide(target, w.new_tokens), w, timer)]
     if hf_draft:
         draft = AutoModelForCausalLM.from_pretrained(hf_draft, dtype=torch.float32).eval()
         draft.generation_config.eos_token_id = None
         draft.generation_config.num_assistant_tokens = w.k
         draft.generation_config.num_assistant_tokens_schedule = "constant"
         draft.generation_config.assistant_confidence_threshold = 0.0
-        rows.append({"engine": "transformers", "mode": f"assisted k={w.k}", "precision": "fp32",
-                     **time_decisions(transformers_decide(target, w.new_tokens, draft), w)})
+        rows.append(timed_row("transformers", f"assisted k={w.k}", "fp32",
+                              transformers_decide(target, w.new_tokens, draft), w, timer))
     return rows
 
 

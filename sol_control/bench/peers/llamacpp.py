@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import PRECISIONS, Decide, LMGenerate, LMWork, Workload, folder_mb, time_decisions, time_lm
+from .common import PRECISIONS, Decide, LMGenerate, LMWork, Workload, folder_mb, time_decisions, time_lm, timed_row
 
 LLAMA_FTYPES = {"int8": "LLAMA_FTYPE_MOSTLY_Q8_0", "int4": "LLAMA_FTYPE_MOSTLY_Q4_0"}
 
@@ -192,21 +192,20 @@ def llama_decide(llm, new_tokens: int, draft=None) -> Decide:
 
 
 def run_llama(hf_target: Path, hf_draft: Path | None, w: Workload, work: Path,
-              precisions=PRECISIONS["llama.cpp"]) -> list[dict]:
+              precisions=PRECISIONS["llama.cpp"], timer=time_decisions) -> list[dict]:
     rows = []
     draft_gguf = gguf_convert(hf_draft, work / "gguf-draft", "fp32", w.threads) if hf_draft else None
     for prec in precisions:
         target = gguf_convert(hf_target, work / "gguf-target", prec, w.threads)
         label = {"fp32": "fp32", "int8": "int8 (Q8_0)", "int4": "int4 (Q4_0)"}[prec]
         llm = llama_open(target, prec, w)
-        rows.append({"engine": "llama.cpp", "mode": "plain", "precision": label,
-                     **time_decisions(llama_decide(llm, w.new_tokens), w)})
+        rows.append(timed_row("llama.cpp", "plain", label, llama_decide(llm, w.new_tokens), w, timer))
         llm.close()
         if draft_gguf is not None:
             draft = llama_draft_model(llama_open(draft_gguf, "fp32", w), w.k)
             llm = llama_open(target, prec, w, draft_model=draft)
-            rows.append({"engine": "llama.cpp", "mode": f"speculative k={w.k}", "precision": label,
-                         **time_decisions(llama_decide(llm, w.new_tokens, draft), w)})
+            rows.append(timed_row("llama.cpp", f"speculative k={w.k}", label, llama_decide(llm, w.new_tokens, draft),
+                                  w, timer))
             llm.close()
     return rows
 

@@ -41,7 +41,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..common import REPO, table
-from .common import SERVE_MARK, VENVS, LMWork, decode_rate, next_loop_context, serve_lm, time_lm
+from .common import VENVS, LMWork, ServedWorker, decode_rate, next_loop_context, serve_lm, time_lm
 
 WORKLOAD = REPO / "sol_control" / "bench" / "data" / "lm_workload.json"
 LM_ENGINES = ("llama.cpp", "ort-genai", "openvino", "transformers")
@@ -235,21 +235,10 @@ def run_lm_peers(gguf: Path, workload: dict, threads: int, engines=None, quick: 
     return rows
 
 
-class PeerServer:
+class PeerServer(ServedWorker):
     """One peer row kept running (`bench lm --paired`): its worker in the engine's venv, started once
     with the "serve" step (`common.serve_lm`), answers one prompt per `decode_tokens_per_s` call, so
-    that its answers and ours can alternate prompt by prompt. `command` is the worker's argv
-    (`PeerServer.start` builds it for an engine); replies are read with a timeout."""
-
-    def __init__(self, command: list[str], env: dict, log: Path, timeout_s: float = 600):
-        self.timeout_s, self._buf, self._log = timeout_s, b"", open(log, "wb")
-        self._proc = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      stderr=self._log)
-        try:
-            self._reply()  # {"ready": true} after the worker's warm-up
-        except RuntimeError:
-            self.close()
-            raise
+    that its answers and ours can alternate prompt by prompt."""
 
     @classmethod
     def start(cls, gguf: Path, workload: dict, threads: int, peer: dict, work: Path | None = None) -> PeerServer:
@@ -272,44 +261,8 @@ class PeerServer:
 
     def decode_tokens_per_s(self, ids: list[int], max_new_tokens: int) -> float | None:
         """The peer's answer to `ids` from an empty cache: decode tokens/s as `time_lm` counts them."""
-        self._proc.stdin.write((json.dumps({"ids": [int(i) for i in ids], "max_new": max_new_tokens}) + "\n").encode())
-        self._proc.stdin.flush()
-        r = self._reply()
+        r = self.ask({"ids": [int(i) for i in ids], "max_new": max_new_tokens})
         return decode_rate(len(r["tokens"]), r["first_ms"], r["wall_ms"])
-
-    def _reply(self) -> dict:
-        import select
-
-        deadline, fd = time.monotonic() + self.timeout_s, self._proc.stdout.fileno()
-        while True:
-            while b"\n" not in self._buf:
-                left = deadline - time.monotonic()
-                if left <= 0 or not select.select([fd], [], [], left)[0]:
-                    self._proc.kill()  # stalled: close() need not wait for it
-                    raise RuntimeError(f"peer worker: no reply in {self.timeout_s:.0f} s (log: {self._log.name})")
-                chunk = os.read(fd, 1 << 16)
-                if not chunk:
-                    raise RuntimeError(f"peer worker exited ({self._proc.wait()}); log: {self._log.name}")
-                self._buf += chunk
-            line, self._buf = self._buf.split(b"\n", 1)
-            if line.startswith(SERVE_MARK.encode()):
-                return json.loads(line[len(SERVE_MARK):])
-
-    def close(self) -> None:
-        if self._proc.stdin and not self._proc.stdin.closed:
-            self._proc.stdin.close()
-        try:
-            self._proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
-        self._log.close()
-
-    def __enter__(self) -> PeerServer:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 # ---- our fp32 reference and agreement ---------------------------------------------------------------

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import Decide, LMGenerate, LMWork, Workload, cut_at_stop, folder_mb, time_decisions, time_lm
+from .common import (Decide, LMGenerate, LMWork, Workload, cut_at_stop, folder_mb,
+                     time_decisions, time_lm, timed_row)
 
 def add_word_tokenizer(hf_dir: Path, vocab_size: int) -> None:
     """The GenAI builder insists on a tokenizer; token-id workloads never use it."""
@@ -95,17 +96,16 @@ def genai_decide(model_dir: Path, new_tokens: int) -> Decide:
 
 
 def run_genai(hf_target: Path, hf_draft: Path | None, w: Workload, work: Path,
-              precisions=("fp32", "int4")) -> list[dict]:
+              precisions=("fp32", "int4"), timer=time_decisions) -> list[dict]:
     rows = []
     draft = genai_convert(hf_draft, work / "genai-draft-fp32", "fp32", w.threads) if hf_draft else None
     for prec in precisions:
         target = genai_convert(hf_target, work / f"genai-target-{prec}", prec, w.threads)
-        rows.append({"engine": "ort-genai", "mode": "plain", "precision": prec,
-                     **time_decisions(genai_decide(target, w.new_tokens), w)})
+        rows.append(timed_row("ort-genai", "plain", prec, genai_decide(target, w.new_tokens), w, timer))
         if draft is not None:
             spec = genai_speculative_folder(target, draft, work / f"genai-spec-{prec}", w.k)
-            rows.append({"engine": "ort-genai", "mode": f"speculative k={w.k}", "precision": prec,
-                         **time_decisions(genai_decide(spec, w.new_tokens), w)})
+            rows.append(timed_row("ort-genai", f"speculative k={w.k}", prec, genai_decide(spec, w.new_tokens), w,
+                                  timer))
     return rows
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import PRECISIONS, Decide, LMGenerate, LMWork, Workload, cut_at_stop, folder_mb, time_decisions, time_lm
+from .common import (PRECISIONS, Decide, LMGenerate, LMWork, Workload, cut_at_stop,
+                     folder_mb, time_decisions, time_lm, timed_row)
 from .ort_genai import add_word_tokenizer
 
 # optimum-cli --weight-format and the extra options for each precision. int4 uses groups of 32 on
@@ -78,7 +79,7 @@ def ov_decide(pipe, new_tokens: int, k: int | None = None) -> Decide:
 
 
 def run_openvino(hf_target: Path, hf_draft: Path | None, w: Workload, work: Path,
-                 precisions=PRECISIONS["openvino"]) -> list[dict]:
+                 precisions=PRECISIONS["openvino"], timer=time_decisions) -> list[dict]:
     import openvino_genai as og
 
     rows = []
@@ -87,15 +88,14 @@ def run_openvino(hf_target: Path, hf_draft: Path | None, w: Workload, work: Path
         target = ov_export(hf_target, work / f"ov-target-{prec}", prec)
         props = ov_properties(prec, w.threads)
         pipe = og.LLMPipeline(str(target), "CPU", **props)
-        rows.append({"engine": "openvino", "mode": "plain", "precision": prec,
-                     **time_decisions(ov_decide(pipe, w.new_tokens), w)})
+        rows.append(timed_row("openvino", "plain", prec, ov_decide(pipe, w.new_tokens), w, timer))
         del pipe
         if draft is not None:
             # the draft stays fp32 (with fp32 properties) whatever the target's precision, as ours
             spec = og.LLMPipeline(str(target), "CPU", draft_model=og.draft_model(str(draft), "CPU",
                                   **ov_properties("fp32", w.threads)), **props)
-            rows.append({"engine": "openvino", "mode": f"speculative k={w.k}", "precision": prec,
-                         **time_decisions(ov_decide(spec, w.new_tokens, w.k), w)})
+            rows.append(timed_row("openvino", f"speculative k={w.k}", prec, ov_decide(spec, w.new_tokens, w.k), w,
+                                  timer))
             del spec
     return rows
 
