@@ -181,23 +181,21 @@ def time_lm(generate: LMGenerate, w: LMWork) -> dict:
 SERVE_MARK = "@@sol_control "  # starts every reply line of a serving worker (the engine may print too)
 
 
-def serve(answer: Callable[[dict], dict], warm_up: Callable[[], object], inp=None, out=None) -> dict:
+def serve(answer: Callable[[dict], dict], warm_up: Callable[[], object]) -> dict:
     """A worker's "serve" step (the paired benchmarks): `warm_up()`, a `{"ready": true}` reply, then
     `answer(request)` for each request line (JSON) until the input ends. Replies are JSON lines
     starting with SERVE_MARK."""
     import json
     import sys
 
-    inp, out = inp or sys.stdin, out or sys.stdout
-
     def reply(obj: dict) -> None:
-        out.write(SERVE_MARK + json.dumps(obj) + "\n")
-        out.flush()
+        sys.stdout.write(SERVE_MARK + json.dumps(obj) + "\n")
+        sys.stdout.flush()
 
     warm_up()  # first calls allocate
     reply({"ready": True})
     served = 0
-    for line in inp:
+    for line in sys.stdin:
         reply(answer(json.loads(line)))
         served += 1
     return {"served": served}

@@ -29,6 +29,7 @@ same procedure; `lm_agreement` compares.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import math
@@ -93,6 +94,13 @@ def lm_work(tok, workload: dict, threads: int = 1, quick: bool = False) -> LMWor
 
 
 def file_digest(path: Path) -> str:
+    """The sha256 prefix of a file, read once per (path, size, mtime) in a process."""
+    st = Path(path).stat()
+    return _digest(str(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _digest(path: str, size: int, mtime_ns: int) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
