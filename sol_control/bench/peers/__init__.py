@@ -41,7 +41,7 @@ import numpy as np
 
 from ..common import REPO, table
 from .common import (ENGINES, PRECISIONS, VENVS, WEIGHTS_FROM, ServedWorker, Workload, serve_decisions,
-                     time_decisions)
+                     time_decisions, worker_env)
 
 # the worker imports its engine module only: the others may not even install in its venv
 RUNNERS = {"ort-genai": ("ort_genai", "run_genai"), "transformers": ("hf_transformers", "run_transformers"),
@@ -85,8 +85,8 @@ def _write_spec(engine: str, hf_target: Path, hf_draft: Path | None, w: Workload
     return spec_path, work / f"{tag}-rows.json"
 
 
-def _worker_env(threads: int) -> dict:
-    return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(threads)}
+def _worker_argv(python: Path, spec_path: Path, out_path: Path | str) -> list[str]:
+    return [str(python), "-m", "sol_control.bench.peers", "worker", str(spec_path), str(out_path)]
 
 
 def run_peer(engine: str, hf_target: Path, hf_draft: Path | None, w: Workload, work: Path,
@@ -94,8 +94,8 @@ def run_peer(engine: str, hf_target: Path, hf_draft: Path | None, w: Workload, w
     """Run one engine's worker in its venv (`python`, default the engine's own); its rows (with outputs)."""
     python = Path(python or venv_python(engine))
     spec_path, out_path = _write_spec(engine, hf_target, hf_draft, w, work, precisions)
-    proc = subprocess.run([str(python), "-m", "sol_control.bench.peers", "worker", str(spec_path), str(out_path)],
-                          env=_worker_env(w.threads), capture_output=True, text=True, timeout=timeout_s)
+    proc = subprocess.run(_worker_argv(python, spec_path, out_path), env=worker_env(w.threads), capture_output=True,
+                          text=True, timeout=timeout_s)
     if proc.returncode != 0:
         raise RuntimeError(f"peer {engine} failed ({proc.returncode}): {proc.stderr[-2000:]}")
     return json.loads(out_path.read_text())["rows"]
@@ -175,8 +175,8 @@ def serve_row(bundle, row: dict, threads: int = 1, timeout_s: float = 600) -> Se
     precision = row["precision"].split()[0]  # llama.cpp's rows say "int4 (Q4_0)"
     spec_path, _ = _write_spec(engine, hf_target, hf_draft, decision_workload(bundle, threads=threads), work,
                                [precision], serve_mode=row["mode"])
-    return ServedWorker([str(venv_python(engine)), "-m", "sol_control.bench.peers", "worker", str(spec_path),
-                         os.devnull], _worker_env(threads), spec_path.with_suffix(".log"), timeout_s)
+    return ServedWorker(_worker_argv(venv_python(engine), spec_path, os.devnull), worker_env(threads),
+                        spec_path.with_suffix(".log"), timeout_s)
 
 
 def run_all(bundle, quick: bool = False, engines=ENGINES, python: Path | None = None,

@@ -178,6 +178,13 @@ def time_lm(generate: LMGenerate, w: LMWork) -> dict:
             "outputs": {"prompts": prompts_out, "loop": loop_out}}
 
 
+def worker_env(threads: int) -> dict:
+    """The environment of a peer worker: our package importable, the engine held to `threads`."""
+    import os
+
+    return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
+
+
 SERVE_MARK = "@@sol_control "  # starts every reply line of a serving worker (the engine may print too)
 
 

@@ -42,7 +42,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..common import REPO, table
-from .common import VENVS, LMWork, ServedWorker, decode_rate, next_loop_context, serve_lm, time_lm
+from .common import (VENVS, LMWork, ServedWorker, decode_rate, next_loop_context, serve_lm, time_lm,
+                     worker_env)
 
 WORKLOAD = REPO / "sol_control" / "bench" / "data" / "lm_workload.json"
 LM_ENGINES = ("llama.cpp", "ort-genai", "openvino", "transformers")
@@ -150,8 +151,10 @@ def venv_ready(engine: str) -> bool:
     return (VENVS[engine][0] / ".peers-installed").is_file()
 
 
-def worker_env(threads: int) -> dict:
-    return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
+def worker_argv(engine: str, spec_path: Path, out_path: Path | str) -> list[str]:
+    """The command of one worker step, in the engine's venv."""
+    return [str(VENVS[engine][0] / "bin" / "python"), "-m", "sol_control.bench.peers.lm", "worker", str(spec_path),
+            str(out_path)]
 
 
 def call_worker(engine: str, spec: dict, work: Path, timeout_s: float) -> dict:
@@ -160,10 +163,8 @@ def call_worker(engine: str, spec: dict, work: Path, timeout_s: float) -> dict:
     spec_path, out_path = work / f"{tag}.spec.json", work / f"{tag}.out.json"
     spec_path.write_text(json.dumps(spec))
     out_path.unlink(missing_ok=True)
-    python = VENVS[engine][0] / "bin" / "python"
-    proc = subprocess.run([str(python), "-m", "sol_control.bench.peers.lm", "worker", str(spec_path), str(out_path)],
-                          env=worker_env(spec["work_ids"]["threads"]), capture_output=True, text=True,
-                          timeout=timeout_s)
+    proc = subprocess.run(worker_argv(engine, spec_path, out_path), env=worker_env(spec["work_ids"]["threads"]),
+                          capture_output=True, text=True, timeout=timeout_s)
     (work / f"{tag}.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0 or not out_path.is_file():
         raise RuntimeError(f"{engine} {spec['step']} failed ({proc.returncode}): {proc.stderr[-1500:]}")
@@ -263,9 +264,7 @@ class PeerServer(ServedWorker):
         prepared(engine, spec, work, 5400)
         spec_path = work / f"{engine}-{peer['precision']}-{peer['spec_mode']}-serve-t{threads}.spec.json"
         spec_path.write_text(json.dumps({**spec, "step": "serve"}))
-        python = VENVS[engine][0] / "bin" / "python"
-        return cls([str(python), "-m", "sol_control.bench.peers.lm", "worker", str(spec_path), os.devnull],
-                   worker_env(threads), spec_path.with_suffix(".log"))
+        return cls(worker_argv(engine, spec_path, os.devnull), worker_env(threads), spec_path.with_suffix(".log"))
 
     def decode_tokens_per_s(self, ids: list[int], max_new_tokens: int) -> float | None:
         """The peer's answer to `ids` from an empty cache: decode tokens/s as `time_lm` counts them."""
