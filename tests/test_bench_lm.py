@@ -32,7 +32,8 @@ KEYS = {"ultrafast_vs_standard_tokens", "ultrafast_vs_standard_tokens_by_threads
         "vs_best_peer_paired_note"}
 ROW_KEYS = {"name", "precision", "mode", "threads", "decode_tokens_per_s", "ttft_ms", "tokens_per_s_with_prefill",
             "mean_accepted", "loop_s", "cpu_s_per_query", "joules_per_query", "rss_mb", "rss_delta_mb", "outputs"}
-NAMES = ["standard", "int8 plain", "int4 plain", "fp32 + draft", "int8 + draft", "int4 + draft"]
+NAMES = ["standard", "int8 plain", "int4 plain", "fp32 + draft", "int8 + draft", "int4 + draft",
+         "int4-symmetric plain", "int4-symmetric + draft"]  # the last two: the second, symmetric import
 
 
 def _gguf(path, seed: int):
@@ -63,7 +64,9 @@ def test_summary_has_every_key_and_row(bench):
         assert len(r["outputs"]["prompts"]) == 3 and len(r["outputs"]["loop"]) == 3
     # the tiny bundle speculates with a draft model: only the prompt-lookup row (draft heads only) is skipped
     assert s["workload"]["prompt_max_new_tokens"] == 6
-    assert [r["name"] for r in s["skipped_rows"]] == ["int8 + draft + lookup", "int4 + draft + lookup"] * 2
+    assert [r["name"] for r in s["skipped_rows"]] == ["int8 + draft + lookup", "int4 + draft + lookup",
+                                                      "int4-symmetric + draft + lookup"] * 2
+    # ultrafast: the bundle's own int8 / int4 graphs, never the re-quantized symmetric one
     assert set(s["ultrafast_row"]) == {"1", "2"} and s["ultrafast_row"]["1"] in ("int8 + draft", "int4 + draft")
     assert s["ultrafast_vs_standard_tokens"] == s["ultrafast_vs_standard_tokens_by_threads"]["1"]
     assert s["vs_best_peer"] is None and s["vs_best_peer_note"] == "--no-peers"
@@ -71,7 +74,7 @@ def test_summary_has_every_key_and_row(bench):
     assert s["energy"]["basis"] in ("measured", "estimated") and s["energy"]["assumption"]
     c = s["ceiling"]["1"]
     assert s["ceiling_tokens"] == pytest.approx(lm_report.ceiling(c["k"], c["standard_ms_per_token"], c["verify_ms"]))
-    assert set(s["verify_ms"]["1"]) == {"fp32", "int8", "int4"}
+    assert set(s["verify_ms"]["1"]) == {"fp32", "int8", "int4", "int4-symmetric"}
     assert {"1", "2", "5", "9"} <= set(s["verify_ms"]["1"]["int4"])
     for name in ("decode_tokens_per_s.png", "agent_loop.png"):
         assert (root / "out" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -80,7 +83,9 @@ def test_summary_has_every_key_and_row(bench):
 
 def test_speculative_rows_are_lossless_and_fp32_agrees_with_itself(bench):
     _, _, s = bench
-    assert s["lossless"] is True and len(s["lossless_detail"]) == 6
+    assert s["lossless"] is True and len(s["lossless_detail"]) == 8
+    sym = next(d for d in s["lossless_detail"] if d["row"] == "int4-symmetric + draft")
+    assert sym["equal_to"] == "int4-symmetric plain"  # each speculative row against plain on its own graph
     assert all(d["lossless"] for d in s["lossless_detail"])
     for t in ("1", "2"):
         for part in ("prompts", "loop"):
@@ -150,7 +155,7 @@ def test_paired_rounds_alternate_the_peer_row_and_ours_prompt_by_prompt(bench):
         calls.append(("open", t, peer["engine"]))
         yield Peer()
 
-    ours = rows[4]  # int8 + draft
+    ours = rows[4]  # int8 + draft (the summary names no ultrafast row: it alone is paired)
     real_generate = ours.generate
     def counted(ids, *a, **k):
         calls.append(("ours", tuple(ids)))
@@ -169,10 +174,79 @@ def test_paired_rounds_alternate_the_peer_row_and_ours_prompt_by_prompt(bench):
     assert {c[2] for c in calls if c[0] == "peer"} == {6}
     rounds = got["paired"]["1"]["rounds"]
     assert [r["peer_tokens_per_s"] for r in rounds] == [50.0, 1e9, 1e-9]
-    assert got["vs_best_peer_paired"] == got["vs_best_peer_paired_by_threads"]["1"] == rounds[0]["ratio"]
-    assert rounds[0]["ratio"] == rounds[0]["ours_tokens_per_s"] / 50.0 > 0
+    ratio = rounds[0]["rows"][ours.name]["ratio"]
+    assert got["vs_best_peer_paired"] == got["vs_best_peer_paired_by_threads"]["1"] == ratio
+    assert got["vs_best_peer_paired_ultrafast"] == ratio  # the same row
+    assert ratio == rounds[0]["rows"][ours.name]["tokens_per_s"] / 50.0 > 0
     off = paired_summary(summary, rows, tok, workload, Path("model.gguf"), 0, open_peer)
     assert off["vs_best_peer_paired"] is None and off["vs_best_peer_paired_note"] == "not run: --paired 0"
+
+
+def test_paired_rounds_rotate_the_peer_our_best_and_the_ultrafast_row(bench):
+    """Our best row and the ultrafast row (another row) share the rounds with the peer; who goes
+    first rotates over the three, prompt by prompt and round by round; each row has its own ratio."""
+    from contextlib import contextmanager
+
+    from sol_control.bench.lm_paired import paired_summary
+
+    root, bundle, _ = bench
+    rows, _ = lm_rows.make_rows(Bundle.load(bundle), [1], Bundle.load(root / "bundle_symmetric"))
+    best, uf = rows[-1], rows[5]  # int4-symmetric + draft, int4 + draft
+    tok, calls = _tok(), []
+    workload = {"prompts": ["move the arm", "status of line 2", "stop"], "max_new_tokens": 6}
+
+    class Peer:
+        def decode_tokens_per_s(self, ids, max_new):
+            calls.append("peer")
+            return 40.0
+
+    @contextmanager
+    def open_peer(t, peer):
+        yield Peer()
+
+    for r in (best, uf):
+        r.generate = (lambda real, name: lambda *a, **k: calls.append(name) or real(*a, **k))(r.generate, r.name)
+    summary = {"threads": [1], "ultrafast_row": {"1": uf.name},
+               "best_peer": {"1": {"ours": {"name": best.name}, "peer": {"engine": "x"}}}}
+    got = paired_summary(summary, rows, tok, workload, Path("model.gguf"), 2, open_peer)
+    order = ["peer", best.name, uf.name]
+    assert calls == [n for i in range(2) for j in range(3) for n in order[(i + j) % 3:] + order[:(i + j) % 3]]
+    rounds = got["paired"]["1"]["rounds"]
+    assert set(rounds[0]["rows"]) == {best.name, uf.name}
+    for key, name in (("vs_best_peer_paired", best.name), ("vs_best_peer_paired_ultrafast", uf.name)):
+        ratios = sorted(r["rows"][name]["tokens_per_s"] / 40.0 for r in rounds)
+        assert got[key] == got[f"{key}_by_threads"]["1"] == pytest.approx(sum(ratios) / 2)  # median of two rounds
+
+
+def test_symmetric_rows_run_the_requantized_int4_graph(bench):
+    """The int4-symmetric rows open the second import's int4 graph: symmetric 4-bit blocks, the head
+    too (no mins term), not the bundle's Q4_1 blocks."""
+    import onnx
+
+    root, bundle, s = bench
+    sym = root / "bundle_symmetric"
+    assert json.loads((sym.with_name(sym.name + ".key.json")).read_text())["int4_mode"] == "symmetric"
+    def ops(folder):
+        g = onnx.load(str(folder / "target_int4.onnx"), load_external_data=False).graph
+        return [n.op_type for n in g.node]
+    assert "MatMul" in ops(bundle)  # the Q4_1 blocks' mins term: blocksum(x) @ M.T
+    assert "MatMul" not in ops(sym) and ops(sym).count("MatMulNBits") > ops(bundle).count("MatMulNBits")  # + the head
+    assert Bundle.load(bundle).manifest.metrics["import"]["target"]["int4_mode"] == "fast"
+    assert Bundle.load(sym).manifest.metrics["import"]["target"]["int4_mode"] == "symmetric"
+    rows = {r["name"]: r for r in s["rows"] if r["threads"] == 1}
+    assert rows["int4-symmetric plain"]["precision"] == "int4-symmetric" and rows["int4-symmetric plain"]["rss_mb"] > 0
+    assert s["agreement_int4_symmetric_vs_fp32"]["prompts"]["tokens_equal_share"] is not None
+
+
+def test_ultrafast_is_the_bundles_own_and_the_best_peer_ratio_takes_every_row():
+    rows = [{"name": "int4 + draft", "precision": "int4", "speculative": True, "decode_tokens_per_s": 50.0},
+            {"name": "int4-symmetric + draft", "precision": "int4-symmetric", "speculative": True,
+             "decode_tokens_per_s": 80.0}]
+    uf, _ = lm_report._ultrafast(rows)
+    assert uf["name"] == "int4 + draft"
+    peer = [{"threads": 1, "engine": "e", "decode_tokens_per_s": 40.0}]
+    best, ultrafast, named = lm_report._best_peer(rows, peer, 1, uf)
+    assert (best, ultrafast, named["ours"]["name"]) == (2.0, 1.25, "int4-symmetric + draft")
 
 
 def _tok() -> LMTokenizer:

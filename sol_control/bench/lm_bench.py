@@ -2,7 +2,9 @@
 
 Rows, at each thread count: `standard` (fp32, plain greedy), `int8 plain`, `int4 plain`, and
 `fp32 / int8 / int4 + draft` (the bundle's draft model or the target's own draft heads; skipped with
-a note when it has neither). Workload (`bench/data/lm_workload.json`, shared with the peers): 20 chat
+a note when it has neither); imported from a GGUF, also `int4-symmetric plain / + draft` on a second
+import in ONNX Runtime GenAI's int4 recipe (`lm_rows.SYMMETRIC`; `--no-symmetric` leaves it out).
+Workload (`bench/data/lm_workload.json`, shared with the peers): 20 chat
 prompts, each a new conversation (cold cache, <= 128 new tokens), and a 20-round agent loop whose KV
 cache is kept across rounds; `--rounds` repeats everything. Measuring: `lm_rows`.
 
@@ -56,6 +58,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--loop-rounds", type=int, default=None, help="only the first N agent-loop rounds")
     p.add_argument("--out", type=Path, default=Path("bench_report/lm"), help="output folder")
     p.add_argument("--no-peers", action="store_true", help="leave out the peer engines")
+    p.add_argument("--no-symmetric", action="store_true",
+                   help="leave out the int4-symmetric rows (a second import in ONNX Runtime GenAI's int4 recipe)")
     p.add_argument("--peer-precisions", default="fp32,int8,int4",
                    help="the peers' rows at these precisions only (e.g. int8,int4: their fp32 rows take longest)")
     p.add_argument("--paired", type=int, default=3, metavar="N",
@@ -88,15 +92,16 @@ def builder_digest() -> str:
     return digest.hexdigest()
 
 
-def ensure_bundle(gguf: Path, out: Path, heads: Path | None = None,
-                  draft: Path | None = None) -> tuple[Path, list[str]]:
-    """The bundle imported from `gguf` (int8, int4; heads and draft when given) at `out`, reused while
-    the key (the sources' sha256, the options, the builder's code) is unchanged; (path, notes)."""
+def ensure_bundle(gguf: Path, out: Path, heads: Path | None = None, draft: Path | None = None,
+                  int4_mode: str = "fast") -> tuple[Path, list[str]]:
+    """The bundle imported from `gguf` (int8, int4 in `int4_mode`; heads and draft when given) at
+    `out`, reused while the key (the sources' sha256, the options, the builder's code) is unchanged;
+    (path, notes)."""
     from ..cli import main
 
     notes = []
     key = {"gguf_sha256": sha256_of(gguf), "heads_sha256": heads and sha256_of(heads),
-           "draft_sha256": draft and sha256_of(draft), "quantize": "int8,int4", "builder_sha256": builder_digest()}
+           "draft_sha256": draft and sha256_of(draft), "quantize": "int8,int4", "int4_mode": int4_mode, "builder_sha256": builder_digest()}
     key_file = out.with_name(out.name + ".key.json")
     if (out / "manifest.json").is_file() and key_file.is_file() and json.loads(key_file.read_text()) == key:
         return out, notes
@@ -105,7 +110,7 @@ def ensure_bundle(gguf: Path, out: Path, heads: Path | None = None,
 
         shutil.rmtree(out)
     key_file.unlink(missing_ok=True)
-    argv = ["import", str(gguf), "--out", str(out), "--quantize", key["quantize"]]
+    argv = ["import", str(gguf), "--out", str(out), "--quantize", key["quantize"], "--int4-mode", int4_mode]
     argv += ["--heads", str(heads)] * (heads is not None) + ["--draft", str(draft)] * (draft is not None)
     say(f"importing {gguf} into {out} (once; kept while the sources' sha256 match)")
     if main(argv) != 0:
@@ -167,27 +172,29 @@ def rss_probe(argv: list[str]) -> None:
     print(json.dumps({"before": before, "after": after}))
 
 
-def measure_rss(bundle: Bundle, rows: list[Row], ids: list[int]) -> dict[tuple[str, str], dict]:
-    """{(precision, mode): {rss_mb, rss_delta_mb}}: a fresh process per precision (all at once:
-    this measures memory, not time)."""
+def measure_rss(rows: list[Row], ids: list[int]) -> dict[tuple[str, str], dict]:
+    """{(row precision, mode): {rss_mb, rss_delta_mb}}: a fresh process per precision label (all at
+    once: this measures memory, not time), opening the row's own bundle and precision (`Row.source`)."""
     modes: dict[str, list[str]] = {}
+    sources = {}
     for r in rows:
         modes.setdefault(r.precision, ["plain"])
+        sources[r.precision] = r.source
         if r.mode not in modes[r.precision]:
             modes[r.precision].append(r.mode)
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    procs = {prec: subprocess.Popen([sys.executable, "-m", "sol_control.bench.lm_bench", "rss", str(bundle.root), prec,
-                                     ",".join(ms), json.dumps(ids)],
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-             for prec, ms in modes.items()}
+    procs = {label: subprocess.Popen([sys.executable, "-m", "sol_control.bench.lm_bench", "rss", *sources[label],
+                                      ",".join(ms), json.dumps(ids)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for label, ms in modes.items()}
     out = {}
-    for prec, p in procs.items():
+    for label, p in procs.items():
         stdout, stderr = p.communicate()
         if p.returncode != 0:
-            raise ValueError(f"RSS probe {prec} failed: {stderr.strip().splitlines()[-1:]}")
+            raise ValueError(f"RSS probe {label} failed: {stderr.strip().splitlines()[-1:]}")
         got = json.loads(stdout.strip().splitlines()[-1])
         for mode, rss in got["after"].items():
-            out[prec, mode] = {"rss_mb": rss / 1e6, "rss_delta_mb": (rss - got["before"]) / 1e6}
+            out[label, mode] = {"rss_mb": rss / 1e6, "rss_delta_mb": (rss - got["before"]) / 1e6}
     return out
 
 
@@ -232,7 +239,7 @@ def run(args: argparse.Namespace) -> int:
     if args.rounds < 1:
         raise ValueError(f"--rounds must be positive, got {args.rounds}")
     load_start, t_start = os.getloadavg(), time.monotonic()
-    notes, gguf = list(args.note), args.gguf
+    notes, gguf, symmetric = list(args.note), args.gguf, None
     if load_start[0] >= 0.5 * (os.cpu_count() or 1):
         notes.append(f"the machine was busy: load average {load_start[0]:.1f} on {os.cpu_count()} cores at the start; "
                      "absolute figures are noisy, ratios compare rows interleaved in this run")
@@ -242,8 +249,12 @@ def run(args: argparse.Namespace) -> int:
             from ..lm.cache import smollm2_gguf
 
             gguf = smollm2_gguf()
-        root, import_notes = ensure_bundle(gguf, args.import_dir, find_heads(args.heads, smollm2), args.draft)
+        heads = find_heads(args.heads, smollm2)
+        root, import_notes = ensure_bundle(gguf, args.import_dir, heads, args.draft)
         notes += import_notes
+        if not args.no_symmetric:
+            symmetric = Bundle.load(ensure_bundle(gguf, args.import_dir.with_name(args.import_dir.name + "_symmetric"),
+                                                  heads, args.draft, "symmetric")[0])
     else:
         root = args.bundle
         if gguf is None:
@@ -255,7 +266,7 @@ def run(args: argparse.Namespace) -> int:
     if tok is None or not tok.chat_template:
         raise ValueError(f"bundle {root}: no tokenizer or chat template (an LM bundle from `sol-control import`)")
     workload = load_workload(args.quick, args.max_new_tokens, args.prompts, args.loop_rounds)
-    rows, skipped = make_rows(bundle, threads)
+    rows, skipped = make_rows(bundle, threads, symmetric)
     for s in skipped:
         say(f"skipped {s['name']} @{s['threads']}t: {s['note']}")
     meter = EnergyMeter()
@@ -271,7 +282,7 @@ def run(args: argparse.Namespace) -> int:
         verify.setdefault(t, {})[prec] = ms
         say(f"verify costs {prec} @{t}t: " + ", ".join(f"T={T} {v:.1f} ms" for T, v in ms.items()))
     say("resident memory (a fresh process per precision)")
-    rss = measure_rss(bundle, rows, first_prompt)
+    rss = measure_rss(rows, first_prompt)
     peers = {"rows": [], "note": "--no-peers"} if args.no_peers else _peers(gguf, workload, threads, args.quick, args.peer_precisions)
     command = "sol-control bench lm " + " ".join(sys.argv[3:] if sys.argv[1:3] == ["bench", "lm"] else [])
     summary = lm_report.summarise(

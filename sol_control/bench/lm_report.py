@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .common import table
+from .lm_rows import SYMMETRIC
 
 NOMINAL_K = 8  # the ceiling's draft length when no speculative row ran (T = 9, the largest verify measured)
 
@@ -113,7 +114,8 @@ def lossless_check(rows) -> tuple[bool | None, list[dict]]:
 
 
 def _ultrafast(rows: list[dict]) -> tuple[dict, str]:
-    quantized = [r for r in rows if r["precision"] != "fp32" and r["decode_tokens_per_s"] is not None]
+    """The fastest speculative row on the bundle's own int8 / int4 graphs (not SYMMETRIC's re-quantized one)."""
+    quantized = [r for r in rows if r["precision"] in ("int8", "int4") and r["decode_tokens_per_s"] is not None]
     spec = [r for r in quantized if r["speculative"]]
     if spec:
         return max(spec, key=lambda r: r["decode_tokens_per_s"]), ""
@@ -189,20 +191,24 @@ def _headline_line(s: dict, t: int) -> str:
             f"{s['ultrafast_vs_standard_tokens_by_threads'][str(t)]:.2f}x standard's decode tokens/s, agent loop "
             f"{s['ultrafast_vs_standard_loop_by_threads'][str(t)]:.2f}x; ceiling {_f(c.get('ceiling_tokens'), '.2f')}x "
             f"({c.get('precision')}, k = {c.get('k')}, {c.get('k_source')}); "
-            f"vs best peer {_f(s['vs_best_peer_by_threads'].get(str(t)), '.2f')}" + _paired_line(s, t))
+            f"vs best peer {_f(s['vs_best_peer_by_threads'].get(str(t)), '.2f')} (ultrafast "
+            f"{_f(s['vs_best_peer_ultrafast_by_threads'].get(str(t)), '.2f')})" + _paired_line(s, t))
 
 
 def _paired_line(s: dict, t: int) -> str:
-    """", paired ..." for the headline line: the median ratio over the alternating rounds, and theirs."""
+    """", paired ..." for the headline line: each paired row's median ratio over the alternating rounds."""
     p = s.get("paired", {}).get(str(t))
     if not p:
         return ""
-    rounds = ", ".join(f"{r['ours_tokens_per_s']:.1f} / {r['peer_tokens_per_s']:.1f}" for r in p["rounds"])
-    return f", paired with it {p['vs_best_peer_paired']:.2f} (ours / peer tok/s by round: {rounds})"
+    per_row = "; ".join(f"{name} {ratio:.2f} (by round: " +
+                        ", ".join(f"{r['rows'][name]['tokens_per_s']:.1f} / {r['peer_tokens_per_s']:.1f}" for r in p["rounds"]) + ")"
+                        for name, ratio in p["vs_best_peer_paired"].items())
+    return f"; paired with it, ours / peer tok/s: {per_row}"
 
 
-def _best_peer(mine: list[dict], peer_rows: list[dict], t: int) -> tuple[float, dict] | None:
-    """(our best decode tokens/s over the best peer row's, both rows named) at thread count t."""
+def _best_peer(mine: list[dict], peer_rows: list[dict], t: int, ultrafast: dict) -> tuple[float, float, dict] | None:
+    """(our best decode tokens/s over the best peer row's, the ultrafast row's over it, the rows named)
+    at thread count t."""
     peers_t = [p for p in peer_rows if p.get("threads") == t and p.get("decode_tokens_per_s")]
     if not peers_t:
         return None
@@ -210,6 +216,7 @@ def _best_peer(mine: list[dict], peer_rows: list[dict], t: int) -> tuple[float, 
     ours = max((f for f in mine if f["decode_tokens_per_s"]), key=lambda f: f["decode_tokens_per_s"])
     keys = ("engine", "mode", "spec_mode", "precision", "decode_tokens_per_s")
     return (ours["decode_tokens_per_s"] / best["decode_tokens_per_s"],
+            ultrafast["decode_tokens_per_s"] / best["decode_tokens_per_s"],
             {"peer": {k2: best.get(k2) for k2 in keys}, "ours": {k2: ours[k2] for k2 in ("name", "decode_tokens_per_s")}})
 
 
@@ -220,7 +227,7 @@ def summarise(*, bundle, rows, skipped, verify, k, rss, peers, meter, workload, 
               threads=threads, gguf=gguf, notes=notes, command=command, load_start=load_start, seconds=seconds)
     s["lossless"], s["lossless_detail"] = lossless_check(rows)
     k, k_source = k
-    uf_rows, uf_tok, uf_loop, ceil, agree, vs_peer, best_peer = {}, {}, {}, {}, {}, {}, {}
+    uf_rows, uf_tok, uf_loop, ceil, agree, vs_peer, uf_peer, best_peer = {}, {}, {}, {}, {}, {}, {}, {}
     peer_rows = [dict(p) for p in peers.get("rows", [])]
     base = next((f for f in figs if f["name"] == "standard" and f["threads"] == threads[0]), None)
     for t in threads:
@@ -237,23 +244,24 @@ def summarise(*, bundle, rows, skipped, verify, k, rss, peers, meter, workload, 
         if c is not None:
             ceil[str(t)] = c
         agree[str(t)] = _agreements(mine, std, base, t, threads[0], peer_rows)
-        peer = _best_peer(mine, peer_rows, t)
+        peer = _best_peer(mine, peer_rows, t, uf)
         if peer is not None:
-            vs_peer[str(t)], best_peer[str(t)] = peer
+            vs_peer[str(t)], uf_peer[str(t)], best_peer[str(t)] = peer
     s.update({
         "ultrafast_row": uf_rows,
         "ultrafast_vs_standard_tokens": _headline(uf_tok, threads), "ultrafast_vs_standard_tokens_by_threads": uf_tok,
         "ultrafast_vs_standard_loop": _headline(uf_loop, threads), "ultrafast_vs_standard_loop_by_threads": uf_loop,
         "ceiling_tokens": (_headline(ceil, threads) or {}).get("ceiling_tokens"), "ceiling": ceil,
         "vs_best_peer": _headline(vs_peer, threads), "vs_best_peer_by_threads": vs_peer, "best_peer": best_peer,
+        "vs_best_peer_ultrafast": _headline(uf_peer, threads), "vs_best_peer_ultrafast_by_threads": uf_peer,
         "vs_best_peer_note": "" if vs_peer else (peers.get("note") or "no peer row with decode tokens/s"),
         "agreement": agree,
     })
     s.setdefault("ultrafast_note", "")
     head_t = str(1 if 1 in threads else threads[0])
-    for prec in ("int8", "int4"):
+    for prec in ("int8", "int4", SYMMETRIC):
         a = agree.get(head_t, {}).get(f"{prec} plain")
-        s[f"agreement_{prec}_vs_fp32"] = None if a is None else {
+        s[f"agreement_{prec.replace('-', '_')}_vs_fp32"] = None if a is None else {
             part: {k2: a[part][k2] for k2 in ("tokens_equal_share", "answers_equal_share", "first_difference_median")}
             for part in a}
     s["peers"] = {"rows": peer_rows, "note": peers.get("note", "")}

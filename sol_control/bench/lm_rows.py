@@ -7,6 +7,10 @@ target's draft heads); all of them end after a stop id (kept) or the answer budg
 Rows alternate prompt by prompt and round by round (`rotated`), so a noisy neighbour slows every
 row alike. A loop round's time is its generate call: the new turn's prefill on the kept cache and
 the answer (rendering the template, the harness's work, is left out).
+
+With a second import of the same GGUF in `--int4-mode symmetric` (ONNX Runtime GenAI's int4 recipe:
+symmetric 4-bit blocks of 32, 4-bit head, int8 activations), its int4 rows run beside the bundle's
+own under the precision label `int4-symmetric`: our engine on the int4 weights the peer runs.
 """
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ ROWS = [  # (row name, target precision, speculative, prompt lookup)
     ("int8 + draft + lookup", "int8", True, LOOKUP),  # heads bundles only
     ("int4 + draft + lookup", "int4", True, LOOKUP),
 ]
+SYMMETRIC = "int4-symmetric"  # rows on the symmetric import's int4 graph (its rows: ROWS' int4 ones, renamed)
 
 _T0 = time.monotonic()
 
@@ -139,6 +144,7 @@ class Row:
     loops: list[list[Run]] = field(default_factory=list)  # [repetition][round]
     proposed: int = 0
     lookup: int = 0  # heads rows: prompt-lookup guesses where the text repeats
+    source: tuple[str, str] | None = None  # (bundle folder, precision there) the target came from
 
     @property
     def label(self) -> str:
@@ -163,36 +169,50 @@ class Row:
         return Run(res.tokens, res.stats.ttft_ms, wall_ms, cpu, res.stats.verify_passes)
 
 
-def make_rows(bundle: Bundle, threads: list[int]) -> tuple[list[Row], list[dict]]:
+def make_rows(bundle: Bundle, threads: list[int], symmetric: Bundle | None = None) -> tuple[list[Row], list[dict]]:
     """The rows this bundle can run, each with sessions of its own, and the skipped ones with a note.
-    "draft" is the bundle's draft model when it has one (as `generate` does), else its draft heads."""
-    m = bundle.manifest
-    spec_mode = "draft" if m.draft is not None else "heads" if m.target.draft_heads else None
+    "draft" is the bundle's draft model when it has one (as `generate` does), else its draft heads.
+    `symmetric`: the same model imported with `--int4-mode symmetric`; its int4 rows follow, labelled
+    SYMMETRIC."""
+    sources = [(bundle, ROWS)]
+    if symmetric is not None:
+        sources.append((symmetric, [(name.replace("int4", SYMMETRIC, 1), SYMMETRIC, speculative, lookup)
+                                    for name, prec, speculative, lookup in ROWS if prec == "int4"]))
     rows, skipped = [], []
     for t in threads:
-        for name, prec, speculative, lookup in ROWS:
-            if prec not in m.target.precisions:
-                skipped.append({"name": name, "threads": t, "note": f"the bundle has no {prec} target"})
-                continue
-            if speculative and spec_mode is None:
-                skipped.append({"name": name, "threads": t,
-                                "note": "the bundle has neither a draft model nor draft heads"})
-                continue
-            if lookup and spec_mode != "heads":
-                skipped.append({"name": name, "threads": t, "note": "prompt lookup runs with draft heads only"})
-                continue
-            prefill = default_prefill(bundle, "target", prec)  # int4 rows: through the int8 graph
-            row = Row(name, prec, spec_mode if speculative else "plain", t,
-                      open_decoder(bundle, "target", prec, t, name=f"{name} @{t}t", prefill_precision=prefill),
-                      lookup=lookup)
-            if row.mode == "draft":
-                dprec = "int8" if "int8" in m.draft.precisions else m.draft.precisions[0]
-                row.draft = open_decoder(bundle, "draft", dprec, t, name=f"{row.label} draft")
-                row.controller = AdaptiveK()
-            if row.mode == "heads":
-                row.length = GuessLength()
-            rows.append(row)
+        for b, specs in sources:
+            for name, label, speculative, lookup in specs:
+                row, note = _row(b, t, name, label, speculative, lookup)
+                if row is None:
+                    skipped.append({"name": name, "threads": t, "note": note})
+                else:
+                    rows.append(row)
     return rows, skipped
+
+
+def _row(bundle: Bundle, t: int, name: str, label: str, speculative: bool, lookup: int) -> tuple[Row | None, str]:
+    """One row with its sessions (label: the row's precision; SYMMETRIC opens the bundle's int4), or
+    (None, why it cannot run)."""
+    m = bundle.manifest
+    prec = "int4" if label == SYMMETRIC else label
+    spec_mode = "draft" if m.draft is not None else "heads" if m.target.draft_heads else None
+    if prec not in m.target.precisions:
+        return None, f"the bundle has no {prec} target"
+    if speculative and spec_mode is None:
+        return None, "the bundle has neither a draft model nor draft heads"
+    if lookup and spec_mode != "heads":
+        return None, "prompt lookup runs with draft heads only"
+    prefill = default_prefill(bundle, "target", prec)  # int4 rows: through the int8 graph
+    row = Row(name, label, spec_mode if speculative else "plain", t,
+              open_decoder(bundle, "target", prec, t, name=f"{name} @{t}t", prefill_precision=prefill),
+              lookup=lookup, source=(str(bundle.root), prec))
+    if row.mode == "draft":
+        dprec = "int8" if "int8" in m.draft.precisions else m.draft.precisions[0]
+        row.draft = open_decoder(bundle, "draft", dprec, t, name=f"{row.label} draft")
+        row.controller = AdaptiveK()
+    if row.mode == "heads":
+        row.length = GuessLength()
+    return row, ""
 
 
 def rotated(rows: list[Row], i: int) -> list[Row]:
