@@ -101,7 +101,8 @@ def ensure_bundle(gguf: Path, out: Path, heads: Path | None = None, draft: Path 
 
     notes = []
     key = {"gguf_sha256": sha256_of(gguf), "heads_sha256": heads and sha256_of(heads),
-           "draft_sha256": draft and sha256_of(draft), "quantize": "int8,int4", "int4_mode": int4_mode, "builder_sha256": builder_digest()}
+           "draft_sha256": draft and sha256_of(draft), "quantize": "int8,int4", "int4_mode": int4_mode,
+           "builder_sha256": builder_digest()}
     key_file = out.with_name(out.name + ".key.json")
     if (out / "manifest.json").is_file() and key_file.is_file() and json.loads(key_file.read_text()) == key:
         return out, notes

@@ -200,8 +200,10 @@ def _paired_line(s: dict, t: int) -> str:
     p = s.get("paired", {}).get(str(t))
     if not p:
         return ""
-    per_row = "; ".join(f"{name} {ratio:.2f} (by round: " +
-                        ", ".join(f"{r['rows'][name]['tokens_per_s']:.1f} / {r['peer_tokens_per_s']:.1f}" for r in p["rounds"]) + ")"
+    def by_round(name: str) -> str:
+        return ", ".join(f"{r['rows'][name]['tokens_per_s']:.1f} / {r['peer_tokens_per_s']:.1f}" for r in p["rounds"])
+
+    per_row = "; ".join(f"{name} {ratio:.2f} (by round: {by_round(name)})"
                         for name, ratio in p["vs_best_peer_paired"].items())
     return f"; paired with it, ours / peer tok/s: {per_row}"
 
@@ -215,9 +217,10 @@ def _best_peer(mine: list[dict], peer_rows: list[dict], t: int, ultrafast: dict)
     best = max(peers_t, key=lambda p: p["decode_tokens_per_s"])
     ours = max((f for f in mine if f["decode_tokens_per_s"]), key=lambda f: f["decode_tokens_per_s"])
     keys = ("engine", "mode", "spec_mode", "precision", "decode_tokens_per_s")
+    named = {"peer": {k2: best.get(k2) for k2 in keys},
+             "ours": {k2: ours[k2] for k2 in ("name", "decode_tokens_per_s")}}
     return (ours["decode_tokens_per_s"] / best["decode_tokens_per_s"],
-            ultrafast["decode_tokens_per_s"] / best["decode_tokens_per_s"],
-            {"peer": {k2: best.get(k2) for k2 in keys}, "ours": {k2: ours[k2] for k2 in ("name", "decode_tokens_per_s")}})
+            ultrafast["decode_tokens_per_s"] / best["decode_tokens_per_s"], named)
 
 
 def summarise(*, bundle, rows, skipped, verify, k, rss, peers, meter, workload, reps, threads, gguf, notes,
@@ -392,7 +395,7 @@ def _plot(s: dict, path: Path, key: str, ylabel: str, title: str) -> None:
     for ax, t in zip(axes[0], threads):
         items = [(r["name"], r[key] or 0.0, _color(r)) for r in s["rows"] if r["threads"] == t]
         items += [(f"{p.get('engine')} {p.get('mode', '')} {p.get('precision', '')}", p.get(key) or 0.0, _color(p))
-                  for p in s["peers"]["rows"] if p.get("threads") == t]
+                  for p in s["peers"]["rows"] if p.get("threads") == t and p.get(key) is not None]  # not skipped
         _bars(ax, items, ylabel, f"{title}, {t} thread(s)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
