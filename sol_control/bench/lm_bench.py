@@ -235,33 +235,42 @@ def _peers(gguf: Path | None, workload: dict, threads: list[int], quick: bool, p
     return {"rows": rows, "note": "" if rows else "no peer engine ran (see tools/setup_peers.sh)"}
 
 
+def _sources(args: argparse.Namespace) -> tuple[Path, Bundle | None, Path | None, list[str]]:
+    """(the bundle folder, the symmetric import or None, the GGUF the peers get, notes): without
+    --bundle, the GGUF (default: `make lm-model`'s) imported as it is and, unless --no-symmetric,
+    again in `--int4-mode symmetric`."""
+    gguf = args.gguf
+    if args.bundle is not None:
+        if gguf is None:
+            from ..lm.cache import DEFAULT_DIR, SMOLLM2_GGUF
+
+            gguf = DEFAULT_DIR / SMOLLM2_GGUF if (DEFAULT_DIR / SMOLLM2_GGUF).is_file() else None
+        return args.bundle, None, gguf, []
+    smollm2 = gguf is None and args.draft is None  # the default model, which the shipped heads are for
+    if gguf is None:
+        from ..lm.cache import smollm2_gguf
+
+        gguf = smollm2_gguf()
+    heads = find_heads(args.heads, smollm2)
+    root, notes = ensure_bundle(gguf, args.import_dir, heads, args.draft)
+    symmetric = None
+    if not args.no_symmetric:
+        folder = args.import_dir.with_name(args.import_dir.name + "_symmetric")
+        symmetric = Bundle.load(ensure_bundle(gguf, folder, heads, args.draft, "symmetric")[0])
+    return root, symmetric, gguf, notes
+
+
 def run(args: argparse.Namespace) -> int:
     threads = _threads(args.threads)
     if args.rounds < 1:
         raise ValueError(f"--rounds must be positive, got {args.rounds}")
     load_start, t_start = os.getloadavg(), time.monotonic()
-    notes, gguf, symmetric = list(args.note), args.gguf, None
+    notes = list(args.note)
     if load_start[0] >= 0.5 * (os.cpu_count() or 1):
         notes.append(f"the machine was busy: load average {load_start[0]:.1f} on {os.cpu_count()} cores at the start; "
                      "absolute figures are noisy, ratios compare rows interleaved in this run")
-    if args.bundle is None:
-        smollm2 = gguf is None and args.draft is None  # the default model, which the shipped heads are for
-        if gguf is None:
-            from ..lm.cache import smollm2_gguf
-
-            gguf = smollm2_gguf()
-        heads = find_heads(args.heads, smollm2)
-        root, import_notes = ensure_bundle(gguf, args.import_dir, heads, args.draft)
-        notes += import_notes
-        if not args.no_symmetric:
-            symmetric = Bundle.load(ensure_bundle(gguf, args.import_dir.with_name(args.import_dir.name + "_symmetric"),
-                                                  heads, args.draft, "symmetric")[0])
-    else:
-        root = args.bundle
-        if gguf is None:
-            from ..lm.cache import DEFAULT_DIR, SMOLLM2_GGUF
-
-            gguf = DEFAULT_DIR / SMOLLM2_GGUF if (DEFAULT_DIR / SMOLLM2_GGUF).is_file() else None
+    root, symmetric, gguf, import_notes = _sources(args)
+    notes += import_notes
     bundle = Bundle.load(root)
     tok = load_tokenizer(bundle)
     if tok is None or not tok.chat_template:
