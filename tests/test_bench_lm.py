@@ -118,6 +118,19 @@ def test_bundle_is_reused_until_a_source_changes(bench, monkeypatch):
     assert len(calls) == 2 and "--draft" in calls[-1]  # a new draft: imported again
 
 
+def test_sources_symmetric_import_only_from_a_gguf_and_not_with_no_symmetric(bench):
+    from argparse import Namespace
+
+    root, bundle, _ = bench
+    args = Namespace(bundle=None, gguf=root / "tiny.gguf", draft=root / "draft.gguf", heads=None,
+                     import_dir=bundle, no_symmetric=False)
+    folder, symmetric, gguf, _ = lm_bench._sources(args)  # both keys found: nothing imported again
+    assert (folder, gguf) == (bundle, root / "tiny.gguf") and symmetric.root == root / "bundle_symmetric"
+    assert lm_bench._sources(Namespace(**{**vars(args), "no_symmetric": True}))[1] is None
+    given = lm_bench._sources(Namespace(**{**vars(args), "bundle": bundle}))
+    assert given == (bundle, None, root / "tiny.gguf", [])  # --bundle: run as it is, no second import
+
+
 def test_speculative_row_stops_where_plain_greedy_stops(bench):
     _, bundle, _ = bench
     b = Bundle.load(bundle)
