@@ -98,7 +98,7 @@ def test_speculative_rows_are_lossless_and_fp32_agrees_with_itself(bench):
 def test_bundle_is_reused_until_a_source_changes(bench, monkeypatch):
     root, bundle, _ = bench
     stamp = (bundle / "manifest.json").stat().st_mtime_ns
-    assert lm_bench.ensure_bundle(root / "tiny.gguf", bundle, None, root / "draft.gguf")[0] == bundle
+    assert lm_bench.ensure_bundle(root / "tiny.gguf", bundle, None, root / "draft.gguf") == bundle
     assert (bundle / "manifest.json").stat().st_mtime_ns == stamp  # same sha256 key: not imported again
     calls = []
 
@@ -124,11 +124,11 @@ def test_sources_symmetric_import_only_from_a_gguf_and_not_with_no_symmetric(ben
     root, bundle, _ = bench
     args = Namespace(bundle=None, gguf=root / "tiny.gguf", draft=root / "draft.gguf", heads=None,
                      import_dir=bundle, no_symmetric=False)
-    folder, symmetric, gguf, _ = lm_bench._sources(args)  # both keys found: nothing imported again
+    folder, symmetric, gguf = lm_bench._sources(args)  # both keys found: nothing imported again
     assert (folder, gguf) == (bundle, root / "tiny.gguf") and symmetric.root == root / "bundle_symmetric"
     assert lm_bench._sources(Namespace(**{**vars(args), "no_symmetric": True}))[1] is None
     given = lm_bench._sources(Namespace(**{**vars(args), "bundle": bundle}))
-    assert given == (bundle, None, root / "tiny.gguf", [])  # --bundle: run as it is, no second import
+    assert given == (bundle, None, root / "tiny.gguf")  # --bundle: run as it is, no second import
 
 
 def test_speculative_row_stops_where_plain_greedy_stops(bench):

@@ -93,19 +93,17 @@ def builder_digest() -> str:
 
 
 def ensure_bundle(gguf: Path, out: Path, heads: Path | None = None, draft: Path | None = None,
-                  int4_mode: str = "fast") -> tuple[Path, list[str]]:
+                  int4_mode: str = "fast") -> Path:
     """The bundle imported from `gguf` (int8, int4 in `int4_mode`; heads and draft when given) at
-    `out`, reused while the key (the sources' sha256, the options, the builder's code) is unchanged;
-    (path, notes)."""
+    `out`, reused while the key (the sources' sha256, the options, the builder's code) is unchanged."""
     from ..cli import main
 
-    notes = []
     key = {"gguf_sha256": sha256_of(gguf), "heads_sha256": heads and sha256_of(heads),
            "draft_sha256": draft and sha256_of(draft), "quantize": "int8,int4", "int4_mode": int4_mode,
            "builder_sha256": builder_digest()}
     key_file = out.with_name(out.name + ".key.json")
     if (out / "manifest.json").is_file() and key_file.is_file() and json.loads(key_file.read_text()) == key:
-        return out, notes
+        return out
     if out.exists():
         import shutil
 
@@ -117,7 +115,7 @@ def ensure_bundle(gguf: Path, out: Path, heads: Path | None = None, draft: Path 
     if main(argv) != 0:
         raise ValueError(f"importing {gguf} failed (see the line above)")
     key_file.write_text(json.dumps(key, indent=1) + "\n")
-    return out, notes
+    return out
 
 
 # ---- verify costs: what a perfect draft could gain -----------------------------------------------
@@ -235,8 +233,8 @@ def _peers(gguf: Path | None, workload: dict, threads: list[int], quick: bool, p
     return {"rows": rows, "note": "" if rows else "no peer engine ran (see tools/setup_peers.sh)"}
 
 
-def _sources(args: argparse.Namespace) -> tuple[Path, Bundle | None, Path | None, list[str]]:
-    """(the bundle folder, the symmetric import or None, the GGUF the peers get, notes): without
+def _sources(args: argparse.Namespace) -> tuple[Path, Bundle | None, Path | None]:
+    """(the bundle folder, the symmetric import or None, the GGUF the peers get): without
     --bundle, the GGUF (default: `make lm-model`'s) imported as it is and, unless --no-symmetric,
     again in `--int4-mode symmetric`."""
     gguf = args.gguf
@@ -245,19 +243,19 @@ def _sources(args: argparse.Namespace) -> tuple[Path, Bundle | None, Path | None
             from ..lm.cache import DEFAULT_DIR, SMOLLM2_GGUF
 
             gguf = DEFAULT_DIR / SMOLLM2_GGUF if (DEFAULT_DIR / SMOLLM2_GGUF).is_file() else None
-        return args.bundle, None, gguf, []
+        return args.bundle, None, gguf
     smollm2 = gguf is None and args.draft is None  # the default model, which the shipped heads are for
     if gguf is None:
         from ..lm.cache import smollm2_gguf
 
         gguf = smollm2_gguf()
     heads = find_heads(args.heads, smollm2)
-    root, notes = ensure_bundle(gguf, args.import_dir, heads, args.draft)
+    root = ensure_bundle(gguf, args.import_dir, heads, args.draft)
     symmetric = None
     if not args.no_symmetric:
         folder = args.import_dir.with_name(args.import_dir.name + "_symmetric")
-        symmetric = Bundle.load(ensure_bundle(gguf, folder, heads, args.draft, "symmetric")[0])
-    return root, symmetric, gguf, notes
+        symmetric = Bundle.load(ensure_bundle(gguf, folder, heads, args.draft, "symmetric"))
+    return root, symmetric, gguf
 
 
 def run(args: argparse.Namespace) -> int:
@@ -269,8 +267,7 @@ def run(args: argparse.Namespace) -> int:
     if load_start[0] >= 0.5 * (os.cpu_count() or 1):
         notes.append(f"the machine was busy: load average {load_start[0]:.1f} on {os.cpu_count()} cores at the start; "
                      "absolute figures are noisy, ratios compare rows interleaved in this run")
-    root, symmetric, gguf, import_notes = _sources(args)
-    notes += import_notes
+    root, symmetric, gguf = _sources(args)
     bundle = Bundle.load(root)
     tok = load_tokenizer(bundle)
     if tok is None or not tok.chat_template:

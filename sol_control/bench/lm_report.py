@@ -200,6 +200,7 @@ def _paired_line(s: dict, t: int) -> str:
     p = s.get("paired", {}).get(str(t))
     if not p:
         return ""
+
     def by_round(name: str) -> str:
         return ", ".join(f"{r['rows'][name]['tokens_per_s']:.1f} / {r['peer_tokens_per_s']:.1f}" for r in p["rounds"])
 
