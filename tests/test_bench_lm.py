@@ -65,7 +65,7 @@ def test_summary_has_every_key_and_row(bench):
     # the tiny bundle speculates with a draft model: only the prompt-lookup row (draft heads only) is skipped
     assert s["workload"]["prompt_max_new_tokens"] == 6
     assert [r["name"] for r in s["skipped_rows"]] == ["int8 + draft + lookup", "int4 + draft + lookup",
-                                                      "int4-symmetric + draft + lookup"] * 2
+                                                      "int4-symmetric + lookup"] * 2
     # ultrafast: the bundle's own int8 / int4 graphs, never the re-quantized symmetric one
     assert set(s["ultrafast_row"]) == {"1", "2"} and s["ultrafast_row"]["1"] in ("int8 + draft", "int4 + draft")
     assert s["ultrafast_vs_standard_tokens"] == s["ultrafast_vs_standard_tokens_by_threads"]["1"]
@@ -251,15 +251,32 @@ def test_symmetric_rows_run_the_requantized_int4_graph(bench):
     assert s["agreement_int4_symmetric_vs_fp32"]["prompts"]["tokens_equal_share"] is not None
 
 
+def test_symmetric_import_without_a_draft_gets_a_prompt_lookup_row(bench, tmp_path):
+    """Imported without a draft (and, as the bench imports it, without heads), the symmetric bundle's
+    rows are plain and prompt lookup alone ("+ lookup", mode "lookup"), which answers as plain does."""
+    root, bundle, _ = bench
+    sym = tmp_path / "sym"
+    assert main(["import", str(root / "tiny.gguf"), "--out", str(sym), "--quantize", "int4",
+                 "--int4-mode", "symmetric"]) == 0
+    rows, skipped = lm_rows.make_rows(Bundle.load(bundle), [1], Bundle.load(sym))
+    mine = {r.name: r for r in rows if r.precision == lm_rows.SYMMETRIC}
+    assert {n: r.mode for n, r in mine.items()} == {"int4-symmetric plain": "plain", "int4-symmetric + lookup": "lookup"}
+    assert "int4-symmetric + draft" in [r["name"] for r in skipped]
+    tok, stops = _tok(), ()
+    ids = tok.encode("the part the part the part")
+    runs = [mine[n].generate(ids, 12, stops, fresh=True) for n in ("int4-symmetric plain", "int4-symmetric + lookup")]
+    assert runs[0].tokens == runs[1].tokens and len(runs[1].tokens) == 12
+
+
 def test_ultrafast_is_the_bundles_own_and_the_best_peer_ratio_takes_every_row():
     rows = [{"name": "int4 + draft", "precision": "int4", "speculative": True, "decode_tokens_per_s": 50.0},
-            {"name": "int4-symmetric + draft", "precision": "int4-symmetric", "speculative": True,
+            {"name": "int4-symmetric + lookup", "precision": "int4-symmetric", "speculative": True,
              "decode_tokens_per_s": 80.0}]
     uf, _ = lm_report._ultrafast(rows)
     assert uf["name"] == "int4 + draft"
     peer = [{"threads": 1, "engine": "e", "decode_tokens_per_s": 40.0}]
     best, ultrafast, named = lm_report._best_peer(rows, peer, 1, uf)
-    assert (best, ultrafast, named["ours"]["name"]) == (2.0, 1.25, "int4-symmetric + draft")
+    assert (best, ultrafast, named["ours"]["name"]) == (2.0, 1.25, "int4-symmetric + lookup")
 
 
 def _tok() -> LMTokenizer:

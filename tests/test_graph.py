@@ -570,6 +570,45 @@ def test_speculation_with_lookup_guesses_equals_plain_greedy(tmp_path, precision
     assert more > 0  # lookup proposed longer guesses somewhere
 
 
+def test_prompt_lookup_alone_on_targets_without_heads_equals_plain_greedy(tmp_path):
+    """Targets without draft heads (a fused graph built without them, the tiny fixture's plain
+    decoder-with-past graph) speculate with lookup's guesses alone, checked against their rows'
+    argmaxes: plain greedy's tokens, guesses offered on a repeating text; lookup 0 is refused."""
+    from sol_control.decoding import speculate_heads
+
+    from .conftest import FIXTURES
+
+    fused = FusedDecoderSession(build_decoder(tiny_weights(seed=3), tmp_path / "bare.onnx", "int8"))
+    plain_layout = DecoderSession(FIXTURES / "tiny" / "target_fp32.onnx", 128)
+    rng = np.random.default_rng(9)
+    for sess, vocab in ((fused, 96), (plain_layout, 48)):
+        for _ in range(4):
+            prefix = _repeating_prefix(sess, rng, vocab)
+            plain = greedy(sess, prefix, 14).tokens
+            looked = speculate_heads(sess, prefix, 14, lookup=6)
+            chosen = speculate_heads(sess, prefix, 14, lookup=6, length=GuessLength())
+            assert looked.tokens == chosen.tokens == plain
+            assert looked.stats.proposed > 0 and looked.stats.verify_passes <= len(plain) - 1
+        with pytest.raises(ValueError, match="no draft heads"):
+            speculate_heads(sess, prefix, 4)
+
+
+def _repeating_prefix(sess, rng, vocab: int) -> np.ndarray:
+    """A prefix whose last token and the model's first answer token already stand together in it,
+    [a, b, f, x, y, z] + p with p ending in a, b and f the model's greedy token after it, so prompt
+    lookup has guesses at the first pass (found by trying random p)."""
+    from sol_control.decoding.speculative import lookup_match
+
+    for _ in range(200):
+        p = rng.integers(3, vocab, 8)
+        f = greedy(sess, p, 1).tokens[0]
+        prefix = np.concatenate([p[-2:], [f], rng.integers(3, vocab, 3), p])
+        first = greedy(sess, prefix, 1).tokens[0]
+        if lookup_match(np.append(prefix, first), 6)[0]:
+            return prefix
+    raise AssertionError("no repeating prefix found")
+
+
 def test_dual_int8_activations_are_closer_to_fp32_and_still_row_exact(tmp_path):
     """int8_activations='dual' (rows + their residuals, one GEMM of 2T rows): logits closer to the
     fp32 graph's than 8-bit rows give, and one-token rows still equal verify rows bit for bit."""

@@ -220,6 +220,19 @@ def test_json_report(tiny, tmp_path, capsys):
     assert "TTFT" in capsys.readouterr().err
 
 
+def test_prompt_lookup_alone_gives_plain_greedy_tokens(tiny, tmp_path):
+    """--lookup N on a bundle with neither a draft nor heads: prompt lookup alone, plain's tokens."""
+    _, bundle, weights = tiny
+    ids = ",".join(map(str, PROMPTS[2] * 3))
+    for precision in ("fp32", "int4"):
+        looked = generate(bundle, tmp_path, "--prompt-ids", ids, "--max-new-tokens", "12", "--lookup", "6",
+                          "--precision", precision)
+        plain = generate(bundle, tmp_path, "--prompt-ids", ids, "--max-new-tokens", "12", "--precision", precision)
+        assert (looked["mode"], plain["mode"]) == ("lookup", "plain") and looked["tokens"] == plain["tokens"]
+    want = LlamaReference(weights).greedy(PROMPTS[2] * 3, 12, STOPS)
+    assert generate(bundle, tmp_path, "--prompt-ids", ids, "--max-new-tokens", "12", "--lookup", "6")["tokens"] == want
+
+
 def test_draft_gives_plain_greedy_tokens(tiny, tmp_path):
     """--draft: a second GGUF (another random model, so some drafts are rejected) as the draft."""
     path, _, weights = tiny

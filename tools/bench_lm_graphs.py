@@ -36,7 +36,8 @@ VARIANTS = {  # name -> (requantize the Q4_1 blocks, build options, with the shi
     "fp32": (False, {"precision": "fp32"}, False),
     "q4_1": (False, FAST, False),  # --int4-mode fast
     "q4_1_heads": (False, FAST, True),  # ... with 4 heads over the whole lm_head
-    "q4_1_heads8k": (False, {**FAST, "heads_vocab": 8192}, True),  # ... over its first 8192 rows (the import's)
+    "q4_1_heads8k": (False, {**FAST, "heads_vocab": 8192}, True),  # ... over its first 8192 rows
+    "q4_1_heads4k": (False, {**FAST, "heads_vocab": 4096}, True),  # ... over its first 4096 rows (the import's)
     "q4_1_head8nbits": (False, {**FAST, "int8_kernel": "nbits"}, False),  # 8-bit head as MatMulNBits blocks (Q8_0's form)
     "q4_1_exact": (False, INT4_MODES["exact"], False),  # --int4-mode exact
     "q4_1_head4": (False, {"int4_zero_points": "mins", "head_bits": 4, "symmetric": True}, False),

@@ -2,8 +2,9 @@
 
 Rows, at each thread count: `standard` (fp32, plain greedy), `int8 plain`, `int4 plain`, and
 `fp32 / int8 / int4 + draft` (the bundle's draft model or the target's own draft heads; skipped with
-a note when it has neither); imported from a GGUF, also `int4-symmetric plain / + draft` on a second
-import in ONNX Runtime GenAI's int4 recipe (`lm_rows.SYMMETRIC`; `--no-symmetric` leaves it out).
+a note when it has neither) and `int8 / int4 + draft + lookup` (heads and prompt lookup); imported
+from a GGUF, also `int4-symmetric plain / + lookup` on a second import, without heads, in ONNX
+Runtime GenAI's int4 recipe (`lm_rows.SYMMETRIC`; `--no-symmetric` leaves it out).
 Workload (`bench/data/lm_workload.json`, shared with the peers): 20 chat
 prompts, each a new conversation (cold cache, <= 128 new tokens), and a 20-round agent loop whose KV
 cache is kept across rounds; `--rounds` repeats everything. Measuring: `lm_rows`.
@@ -35,7 +36,7 @@ from ..lm.generate import load_tokenizer
 from . import lm_report
 from .common import REPO
 from .lm_paired import paired_summary
-from .lm_rows import (PROMPT_NEW_TOKENS, QUICK_LOOP_ROUNDS, QUICK_PROMPTS, Row, load_workload, make_rows,
+from .lm_rows import (LOOKUP, PROMPT_NEW_TOKENS, QUICK_LOOP_ROUNDS, QUICK_PROMPTS, Row, load_workload, make_rows,
                       run_workload, say)
 
 DEFAULT_IMPORT_DIR = Path(".work/lm/bench_bundle")
@@ -161,7 +162,7 @@ def rss_probe(argv: list[str]) -> None:
     before, after = _rss_bytes(), {}
     row = Row("probe", prec, "plain", 1, open_decoder(bundle, "target", prec, 1))
     for mode in modes:
-        row.mode = mode
+        row.mode, row.lookup = mode, LOOKUP * (mode == "lookup")
         if mode == "draft":
             m = bundle.manifest
             row.draft = open_decoder(bundle, "draft", "int8" if "int8" in m.draft.precisions else m.draft.precisions[0])
@@ -254,7 +255,7 @@ def _sources(args: argparse.Namespace) -> tuple[Path, Bundle | None, Path | None
     symmetric = None
     if not args.no_symmetric:
         folder = args.import_dir.with_name(args.import_dir.name + "_symmetric")
-        symmetric = Bundle.load(ensure_bundle(gguf, folder, heads, args.draft, "symmetric"))
+        symmetric = Bundle.load(ensure_bundle(gguf, folder, None, args.draft, "symmetric"))  # no heads: docs/LM.md
     return root, symmetric, gguf
 
 

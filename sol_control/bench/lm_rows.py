@@ -32,17 +32,20 @@ WORKLOAD = Path(__file__).parent / "data" / "lm_workload.json"
 PROMPT_NEW_TOKENS = 128  # the prompts' answer budget, as the peers' (bench.peers.lm); a loop answer: the workload's 64
 QUICK_PROMPTS, QUICK_LOOP_ROUNDS = 3, 3  # as the peers' --quick
 LOOKUP = 8  # prompt-lookup guesses of the "+ lookup" row (speculate_heads(lookup=...))
-ROWS = [  # (row name, target precision, speculative, prompt lookup)
-    ("standard", "fp32", False, 0),
-    ("int8 plain", "int8", False, 0),
-    ("int4 plain", "int4", False, 0),
-    ("fp32 + draft", "fp32", True, 0),
-    ("int8 + draft", "int8", True, 0),
-    ("int4 + draft", "int4", True, 0),
-    ("int8 + draft + lookup", "int8", True, LOOKUP),  # heads bundles only
-    ("int4 + draft + lookup", "int4", True, LOOKUP),
+ROWS = [  # (row name, target precision, how it decodes, prompt lookup)
+    ("standard", "fp32", "plain", 0),
+    ("int8 plain", "int8", "plain", 0),
+    ("int4 plain", "int4", "plain", 0),
+    ("fp32 + draft", "fp32", "draft", 0),  # "draft": the bundle's draft model, else its draft heads
+    ("int8 + draft", "int8", "draft", 0),
+    ("int4 + draft", "int4", "draft", 0),
+    ("int8 + draft + lookup", "int8", "draft", LOOKUP),  # heads bundles only
+    ("int4 + draft + lookup", "int4", "draft", LOOKUP),
 ]
-SYMMETRIC = "int4-symmetric"  # rows on the symmetric import's int4 graph (its rows: ROWS' int4 ones, renamed)
+SYMMETRIC = "int4-symmetric"  # rows on the symmetric import's int4 graph (imported without heads)
+SYMMETRIC_ROWS = [(f"{SYMMETRIC} plain", SYMMETRIC, "plain", 0),
+                  (f"{SYMMETRIC} + draft", SYMMETRIC, "draft", 0),  # with --draft
+                  (f"{SYMMETRIC} + lookup", SYMMETRIC, "lookup", LOOKUP)]  # "lookup": prompt lookup alone
 
 _T0 = time.monotonic()
 
@@ -134,7 +137,7 @@ class Run:
 class Row:
     name: str
     precision: str
-    mode: str  # plain | heads | draft
+    mode: str  # plain | heads | draft | lookup (prompt lookup alone, on a target without heads)
     threads: int
     target: object
     draft: object = None
@@ -160,7 +163,7 @@ class Row:
         c0, t0 = cpu_s(), time.monotonic_ns()
         if self.mode == "plain":
             res = greedy(self.target, prefix, max_new, stop_ids=stops)
-        elif self.mode == "heads":
+        elif self.mode in ("heads", "lookup"):
             res = speculate_heads(self.target, prefix, max_new, stop_ids=stops, lookup=self.lookup, length=self.length)
         else:
             res = speculate(self.draft, self.target, prefix, max_new, controller=self.controller, stop_ids=stops)
@@ -172,17 +175,14 @@ class Row:
 def make_rows(bundle: Bundle, threads: list[int], symmetric: Bundle | None = None) -> tuple[list[Row], list[dict]]:
     """The rows this bundle can run, each with sessions of its own, and the skipped ones with a note.
     "draft" is the bundle's draft model when it has one (as `generate` does), else its draft heads.
-    `symmetric`: the same model imported with `--int4-mode symmetric`; its int4 rows follow, labelled
-    SYMMETRIC."""
-    sources = [(bundle, ROWS)]
-    if symmetric is not None:
-        sources.append((symmetric, [(name.replace("int4", SYMMETRIC, 1), SYMMETRIC, speculative, lookup)
-                                    for name, prec, speculative, lookup in ROWS if prec == "int4"]))
+    `symmetric`: the same model imported with `--int4-mode symmetric` (and no heads: they gain nothing
+    on its compute-bound verify passes, docs/LM.md); its SYMMETRIC_ROWS follow."""
+    sources = [(bundle, ROWS)] + [(symmetric, SYMMETRIC_ROWS)] * (symmetric is not None)
     rows, skipped = [], []
     for t in threads:
         for b, specs in sources:
-            for name, label, speculative, lookup in specs:
-                row, note = _row(b, t, name, label, speculative, lookup)
+            for name, label, how, lookup in specs:
+                row, note = _row(b, t, name, label, how, lookup)
                 if row is None:
                     skipped.append({"name": name, "threads": t, "note": note})
                 else:
@@ -190,7 +190,7 @@ def make_rows(bundle: Bundle, threads: list[int], symmetric: Bundle | None = Non
     return rows, skipped
 
 
-def _row(bundle: Bundle, t: int, name: str, label: str, speculative: bool, lookup: int) -> tuple[Row | None, str]:
+def _row(bundle: Bundle, t: int, name: str, label: str, how: str, lookup: int) -> tuple[Row | None, str]:
     """One row with its sessions (label: the row's precision; SYMMETRIC opens the bundle's int4), or
     (None, why it cannot run)."""
     m = bundle.manifest
@@ -198,19 +198,21 @@ def _row(bundle: Bundle, t: int, name: str, label: str, speculative: bool, looku
     spec_mode = "draft" if m.draft is not None else "heads" if m.target.draft_heads else None
     if prec not in m.target.precisions:
         return None, f"the bundle has no {prec} target"
-    if speculative and spec_mode is None:
+    if how == "draft" and spec_mode is None:
         return None, "the bundle has neither a draft model nor draft heads"
-    if lookup and spec_mode != "heads":
-        return None, "prompt lookup runs with draft heads only"
+    if how == "draft" and lookup and spec_mode != "heads":
+        return None, "prompt lookup beside a draft runs with draft heads only"
+    if how == "lookup" and spec_mode is not None:
+        return None, "prompt lookup alone runs on a bundle without a draft model or heads (else: '+ draft')"
     prefill = default_prefill(bundle, "target", prec)  # int4 rows: through the int8 graph
-    row = Row(name, label, spec_mode if speculative else "plain", t,
+    row = Row(name, label, spec_mode if how == "draft" else how, t,
               open_decoder(bundle, "target", prec, t, name=f"{name} @{t}t", prefill_precision=prefill),
               lookup=lookup, source=(str(bundle.root), prec))
     if row.mode == "draft":
         dprec = "int8" if "int8" in m.draft.precisions else m.draft.precisions[0]
         row.draft = open_decoder(bundle, "draft", dprec, t, name=f"{row.label} draft")
         row.controller = AdaptiveK()
-    if row.mode == "heads":
+    if row.mode in ("heads", "lookup"):
         row.length = GuessLength()
     return row, ""
 

@@ -277,6 +277,8 @@ def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None =
     `lookup` > 0: where the text so far repeats itself (`lookup_match`: its last 2-3 tokens seen
     before), up to `lookup` tokens that followed them there are the guesses instead of the heads'
     (an agent loop copying ids and keys from its tool results); the graph verifies either alike.
+    A target without draft heads (any DecoderSession) decodes with lookup's guesses alone (prompt
+    lookup decoding), checked here against its rows' argmaxes, and a plain step where none match.
 
     `length` (a GuessLength, kept across answers) checks only as many guesses as pay for their
     wider pass, and takes lookup's guesses only where they are expected to emit more tokens a ms
@@ -288,7 +290,10 @@ def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None =
     rule, stats = Rule(), DecodeStats()
     out, probs = _prefill(target, prefix, rule, stats, t0)
     seq = np.concatenate([prefix, np.zeros(max_new_tokens, np.int64)])  # the committed text, for lookups
-    guesses = target.head_ids.tolist()
+    heads = bool(getattr(target, "draft_heads", 0))
+    if not heads and not lookup:
+        raise ValueError(f"{target.name}: no draft heads; speculate_heads needs them or lookup > 0")
+    guesses = target.head_ids.tolist() if heads else []
     while len(out) < max_new_tokens and out[-1] not in stop_ids and not budget.expired():
         seq_len = len(prefix) + len(out)  # committed tokens; the target holds seq_len - 1 of them
         source = "heads"
@@ -301,19 +306,25 @@ def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None =
         kk = min(len(guesses), max_new_tokens - len(out) - 1)
         kk = length.choose(source, kk) if length is not None else kk
         t1 = time.monotonic_ns()
-        t_logits = target.forward(np.array([out[-1]] + guesses[:kk], np.int64), rows=kk + 1)  # [kk+1, V]
-        n = target.accepted
+        t_logits = target.forward(np.array([out[-1]] + guesses[:kk], np.int64))  # [kk+1, V]
+        n = target.accepted if heads else _agreed(guesses[:kk], t_logits)
         if length is not None:
             length.update(source, kk, n, _ms_since(t1))
         emitted = guesses[:n] + [int(np.argmax(t_logits[n]))]
         emitted = emitted[:_stop_at(emitted, stop_ids)]
         probs += _greedy_probs(target, t_logits, len(emitted))  # every emitted token is its row's argmax
         out += emitted
-        guesses = target.head_ids.tolist()  # the heads at row n: what follows the token just emitted
+        guesses = target.head_ids.tolist() if heads else []  # the heads at row n: what follows the emitted token
         stats.target_passes, stats.verify_passes = stats.target_passes + 1, stats.verify_passes + 1
         stats.proposed, stats.accepted = stats.proposed + kk, stats.accepted + n
         target.rewind(seq_len + len(emitted) - 1)
     return _finish(out, probs, max_new_tokens, stats, t0, stop_ids)
+
+
+def _agreed(guesses: list[int], logits: np.ndarray) -> int:
+    """How many leading guesses equal the argmax of the row before them (logits [len + 1, V])."""
+    same = np.argmax(logits[:len(guesses)], axis=-1) == np.asarray(guesses, np.int64)
+    return int(np.argmin(np.append(same, False)))
 
 
 def tokens_per_s(result: DecodeResult) -> float:

@@ -1,9 +1,10 @@
 """`sol-control generate --bundle B --chat TEXT`: greedy text from a language model bundle.
 
 Plain greedy with the target alone (`--no-draft`, or a bundle without a draft), or speculative:
-with the bundle's draft decoder (`decoding.speculate`) or the target's own draft heads
-(`decoding.speculate_heads`); both give exactly plain greedy's tokens. Generation ends after a stop
-id (the manifest's `vocab.stop_ids`, included in the output) or `--max-new-tokens`.
+with the bundle's draft decoder (`decoding.speculate`), the target's own draft heads
+(`decoding.speculate_heads`), or prompt lookup alone (`--lookup N` on a bundle with neither); all
+give exactly plain greedy's tokens. Generation ends after a stop id (the manifest's
+`vocab.stop_ids`, included in the output) or `--max-new-tokens`.
 
 Plain decoding streams token by token. The speculative engine returns a whole answer, so its text
 is printed at the end; it stops at the first stop id too (accepted guesses past it are dropped).
@@ -34,7 +35,7 @@ class Generation:
     decode_ms: float  # after the first token
     mean_accepted: float  # tokens per target decoding pass
     stopped: bool  # ended on a stop id (else on max_new_tokens)
-    mode: str  # "plain", "draft" or "heads"
+    mode: str  # "plain", "draft", "heads" or "lookup"
     precision: str = "fp32"
 
     @property
@@ -78,15 +79,16 @@ def plain_greedy(target, prefix: np.ndarray, max_new_tokens: int, stop_ids: tupl
 def speculative(target, draft, prefix: np.ndarray, max_new_tokens: int, stop_ids: tuple[int, ...],
                 lookup: int = 0) -> Generation:
     """Greedy speculative decoding (draft decoder, or the target's draft heads when `draft` is None,
-    with prompt-lookup guesses where the text repeats when `lookup` > 0)."""
+    with prompt-lookup guesses where the text repeats when `lookup` > 0; lookup alone on a target
+    without heads)."""
     from sol_control.decoding import GuessLength, speculate, speculate_heads
 
     result = (speculate_heads(target, prefix, max_new_tokens, stop_ids=stop_ids, lookup=lookup, length=GuessLength())
               if draft is None
               else speculate(draft, target, prefix, max_new_tokens, k=None, stop_ids=stop_ids))
     s, tokens = result.stats, result.tokens
-    return Generation(tokens, s.ttft_ms, s.wall_ms - s.ttft_ms, s.mean_accepted, tokens[-1] in stop_ids,
-                      "heads" if draft is None else "draft")
+    mode = "draft" if draft is not None else "heads" if getattr(target, "draft_heads", 0) else "lookup"
+    return Generation(tokens, s.ttft_ms, s.wall_ms - s.ttft_ms, s.mean_accepted, tokens[-1] in stop_ids, mode)
 
 
 def generate(bundle: Bundle, prefix: list[int], max_new_tokens: int, precision: str | None = None,
@@ -94,7 +96,7 @@ def generate(bundle: Bundle, prefix: list[int], max_new_tokens: int, precision: 
              on_token: Callable[[int], None] = lambda t: None, lookup: int = 0,
              prefill_precision: str | None = None) -> Generation:
     """Greedy tokens after `prefix` from a verified bundle; speculative when it has a draft (or
-    draft heads) and `use_draft`. The prompt is prefilled through `prefill_precision`'s graph
+    draft heads, or `lookup` > 0) and `use_draft`. The prompt is prefilled through `prefill_precision`'s graph
     (default: `default_prefill`, int8 for an int4 target)."""
     from sol_control.decoding import open_decoder
     from sol_control.decoding.session import default_prefill
@@ -119,7 +121,7 @@ def generate(bundle: Bundle, prefix: list[int], max_new_tokens: int, precision: 
         draft_precision = precision if precision in m.draft.precisions else m.draft.precisions[0]
         draft = open_decoder(bundle, "draft", draft_precision, threads=threads)
         gen = speculative(target, draft, ids, max_new_tokens, stops)
-    elif use_draft and m.target.draft_heads and m.target.fused.get(precision):
+    elif use_draft and (lookup or m.target.draft_heads and m.target.fused.get(precision)):
         gen = speculative(target, None, ids, max_new_tokens, stops, lookup)
     else:
         gen = plain_greedy(target, ids, max_new_tokens, stops, on_token)
@@ -173,7 +175,8 @@ def add_arguments(p) -> None:
                         "has it, else the target's own; give the target's precision to keep its own)")
     p.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads")
     p.add_argument("--lookup", type=int, default=0,
-                   help="with draft heads: up to N prompt-lookup guesses where the text repeats (0 = off)")
+                   help="up to N prompt-lookup guesses where the text repeats (0 = off): beside the draft "
+                        "heads, or alone on a bundle with neither heads nor a draft model")
     p.add_argument("--json", default=None, help="write tokens, ttft_ms, decode_tokens_per_s, mean_accepted here")
 
 
