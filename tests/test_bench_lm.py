@@ -62,7 +62,7 @@ def test_summary_has_every_key_and_row(bench):
         assert ROW_KEYS <= set(r), (r["name"], ROW_KEYS - set(r))
         assert r["rss_mb"] > 0 and r["cpu_s_per_query"] > 0 and r["loop_s"] > 0
         assert len(r["outputs"]["prompts"]) == 3 and len(r["outputs"]["loop"]) == 3
-    # the tiny bundle speculates with a draft model: only the prompt-lookup row (draft heads only) is skipped
+    # the tiny bundles speculate with a draft model: only the prompt-lookup rows (not beside a draft model) are skipped
     assert s["workload"]["prompt_max_new_tokens"] == 6
     assert [r["name"] for r in s["skipped_rows"]] == ["int8 + draft + lookup", "int4 + draft + lookup",
                                                       "int4-symmetric + lookup"] * 2
