@@ -63,7 +63,8 @@ def draft_length(bundle, rows) -> tuple[int, str]:
         return heads, "draft heads"
     calls = sum(run.target_calls for r in spec for rep in r.prompts for run in rep)
     if spec and calls:
-        return max(1, round(sum(r.proposed for r in spec) / calls)), "draft model: mean proposal per target call"
+        source = "draft model" if spec[0].mode == "draft" else "prompt lookup"
+        return max(1, round(sum(r.proposed for r in spec) / calls)), f"{source}: mean proposal per target call"
     return NOMINAL_K, f"nominal {NOMINAL_K}: no speculative row ran"
 
 

@@ -121,7 +121,7 @@ def generate(bundle: Bundle, prefix: list[int], max_new_tokens: int, precision: 
         draft_precision = precision if precision in m.draft.precisions else m.draft.precisions[0]
         draft = open_decoder(bundle, "draft", draft_precision, threads=threads)
         gen = speculative(target, draft, ids, max_new_tokens, stops)
-    elif use_draft and (lookup or m.target.draft_heads and m.target.fused.get(precision)):
+    elif use_draft and (lookup or (m.target.draft_heads and m.target.fused.get(precision))):
         gen = speculative(target, None, ids, max_new_tokens, stops, lookup)
     else:
         gen = plain_greedy(target, ids, max_new_tokens, stops, on_token)
