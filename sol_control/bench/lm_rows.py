@@ -9,8 +9,9 @@ row alike. A loop round's time is its generate call: the new turn's prefill on t
 the answer (rendering the template, the harness's work, is left out).
 
 With a second import of the same GGUF in `--int4-mode symmetric` (ONNX Runtime GenAI's int4 recipe:
-symmetric 4-bit blocks of 32, 4-bit head, int8 activations), its int4 rows run beside the bundle's
-own under the precision label `int4-symmetric`: our engine on the int4 weights the peer runs.
+symmetric 4-bit blocks of 32, 4-bit head, int8 activations; imported without heads), its
+SYMMETRIC_ROWS (plain, + lookup alone, or + draft with a draft model) run beside the bundle's own
+under the precision label `int4-symmetric`: our engine on the int4 weights the peer runs.
 """
 from __future__ import annotations
 
@@ -146,7 +147,7 @@ class Row:
     prompts: list[list[Run]] = field(default_factory=list)  # [repetition][prompt]
     loops: list[list[Run]] = field(default_factory=list)  # [repetition][round]
     proposed: int = 0
-    lookup: int = 0  # heads rows: prompt-lookup guesses where the text repeats
+    lookup: int = 0  # heads / lookup rows: prompt-lookup guesses where the text repeats
     source: tuple[str, str] | None = None  # (bundle folder, precision there) the target came from
 
     @property

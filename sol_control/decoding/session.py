@@ -124,6 +124,8 @@ def _check_signature(sess: ort.InferenceSession, where: str) -> tuple[int, int, 
 class DecoderSession:
     """A causal decoder with a preallocated KV cache of `max_context` positions (batch 1)."""
 
+    draft_heads = 0  # the decoder-with-past layout has none (FusedDecoderSession's graphs may)
+
     def __init__(self, path: str | Path, max_context: int, threads: int = 1, name: str = "",
                  max_step_tokens: int = 128, min_step_tokens: int | None = None):
         self.name = name or Path(path).stem

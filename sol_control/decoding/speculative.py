@@ -290,7 +290,7 @@ def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None =
     rule, stats = Rule(), DecodeStats()
     out, probs = _prefill(target, prefix, rule, stats, t0)
     seq = np.concatenate([prefix, np.zeros(max_new_tokens, np.int64)])  # the committed text, for lookups
-    heads = bool(getattr(target, "draft_heads", 0))
+    heads = target.draft_heads > 0
     if not heads and not lookup:
         raise ValueError(f"{target.name}: no draft heads; speculate_heads needs them or lookup > 0")
     guesses = target.head_ids.tolist() if heads else []

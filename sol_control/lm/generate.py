@@ -87,7 +87,7 @@ def speculative(target, draft, prefix: np.ndarray, max_new_tokens: int, stop_ids
               if draft is None
               else speculate(draft, target, prefix, max_new_tokens, k=None, stop_ids=stop_ids))
     s, tokens = result.stats, result.tokens
-    mode = "draft" if draft is not None else "heads" if getattr(target, "draft_heads", 0) else "lookup"
+    mode = "draft" if draft is not None else "heads" if target.draft_heads else "lookup"
     return Generation(tokens, s.ttft_ms, s.wall_ms - s.ttft_ms, s.mean_accepted, tokens[-1] in stop_ids, mode)
 
 
