@@ -254,3 +254,26 @@ def test_training_prompts_hold_out_the_benchmark_workload():
     probe = ["Please answer: " + held_out[3], held_out[25]]
     assert [h for _, h in D.held_out_overlap(probe, held_out)] == [held_out[3], held_out[25]]
     assert D.chat_prompts(50, seed=0) == chats[:50]  # deterministic for a seed
+
+
+def test_relabel_answers_with_the_symmetric_graphs_own_tokens_and_rows(tiny, tmp_path):
+    """tools/lm_relabel.py on the tiny model: each prompt's new answer is the symmetric int4 graph's
+    plain greedy (as `generate` decodes a symmetric import), the prefill's argmaxes equal it, and
+    hidden row i is the graph's last row after prompt + answer[:i] (the row whose argmax is token i)."""
+    R, D = _tool("lm_relabel"), _tool("lm_selfdistill")
+    path = tiny[0]
+    graph = R.hidden_graph(path, "symmetric", tmp_path / "graph.onnx")
+    model, answer = R.TeacherForced(graph, 1), R.Answerer(graph, 1, STOPS, 10)
+    old = D.Examples.build(PROMPTS, [[3, 4]] * len(PROMPTS), [D.CHAT] * len(PROMPTS))  # answers to replace
+    new, same = R.answer_again(old, answer, model)
+    assert same == new.answer_tokens() and new.hidden.shape == (new.answer_tokens(), tiny[3].config.hidden_size)
+    sym = tmp_path / "sym"
+    assert main(["import", str(path), "--out", str(sym), "--quantize", "int4", "--int4-mode", "symmetric"]) == 0
+    starts = np.cumsum([0, *new.answer_lengths()])
+    for i, prompt in enumerate(PROMPTS):
+        assert new.sequence(i)[:len(prompt)].tolist() == prompt
+        plain = generate(sym, tmp_path, prompt, "--precision", "int4", "--max-new-tokens", "10")["tokens"]
+        assert new.answer(i).tolist() == plain
+        for j in (0, len(plain) - 1):
+            h, _ = model(np.array(prompt + plain[:j], np.int64))
+            np.testing.assert_allclose(new.hidden[starts[i] + j].astype(np.float32), h[-1], rtol=2e-3, atol=2e-3)

@@ -1,0 +1,172 @@
+"""Draft-head data for another target graph of SmolLM2 (dev-only): the prompts of
+tools/lm_selfdistill.py answered again by the int4 graph of an `--int4-mode` such as "symmetric"
+(ONNX Runtime GenAI's recipe, which `sol-control bench lm` imports beside the exact one).
+
+The heads of `make lm-heads` learn what the fp32 target says, from its hidden states. A re-quantized
+target says other things: read teacher-forced over fp32's answers, the symmetric graph's argmax
+equals the next token of the text only 71 % of the time (a sample of 8 answers). So heads for it need its own answers and
+numbers. Per prompt: its greedy answer (our engine, prompt lookup, up to the same 160 tokens, cut
+after a stop id), then one prefill of prompt + answer that gives each row's final hidden state h
+(the graph's `final_norm`, as its heads would read it) and argmax b. b must equal the answer (the
+graph's rows do not depend on how many tokens share a pass); `agreement` in meta.json checks it.
+tools/train_lm_heads.py then reads these shards as it reads the fp32 ones.
+
+    python tools/lm_relabel.py --int4-mode symmetric --out .work/lm/heads_data_symmetric
+    python tools/train_lm_heads.py train --data .work/lm/heads_data_symmetric ...
+
+Shards are written as they are made, one per input shard, and the ones already there are kept.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT))
+
+import lm_selfdistill as D  # noqa: E402
+
+CONTEXT = 1024  # KV rows of the graph built here: longer than any example (prompt + answer)
+LOOKUP = 8  # prompt-lookup guesses while answering (bench lm's "+ lookup" rows)
+HIDDEN = "final_norm"  # the graph's last normed hidden state, every row (graph.llama.build_graph)
+
+
+def hidden_graph(gguf: Path, int4_mode: str, path: Path) -> Path:
+    """The int4 graph of `int4_mode` as `sol-control import` builds it (no heads), with its final
+    hidden state as an extra output."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from sol_control.graph.llama import build_graph, BuildOptions
+    from sol_control.lm import importer
+    from sol_control.lm.gguf_reader import read_gguf_weights
+
+    weights = importer._int4_weights(read_gguf_weights(gguf), int4_mode)
+    options = {"max_context": CONTEXT, "int8_activations": importer.LM_INT8_ACTIVATIONS, "argmax": True,
+               **importer.INT4_MODES[int4_mode]}
+    model = build_graph(weights, BuildOptions(precision="int4", **options))
+    size = weights.config.hidden_size
+    model.graph.output.append(helper.make_tensor_value_info(HIDDEN, TensorProto.FLOAT, [1, "T", size]))
+    onnx.save(model, str(path))
+    return path
+
+
+class TeacherForced:
+    """One prefill of a whole sequence a call: (h [T, hidden], argmax [T]) of every row."""
+
+    def __init__(self, path: Path, threads: int):
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        past = [i for i in self.session.get_inputs() if i.name.startswith("past_key_values.")]
+        self.zeros = {i.name: np.zeros(i.shape, np.float32) for i in past}
+
+    def __call__(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        T = len(ids)
+        if T >= CONTEXT:
+            raise ValueError(f"a sequence of {T} tokens does not fit the graph's {CONTEXT} KV rows")
+        feeds = {"input_ids": ids.astype(np.int64)[None], "seqlens_k": np.array([T], np.int32),  # query pad: +1
+                 "total_sequence_length": np.array(T + 1, np.int32), "guesses": np.array(T - 1, np.int64),
+                 **self.zeros}
+        best, h = self.session.run(["argmax", HIDDEN], feeds)
+        return h[0], best[0]
+
+
+class Answerer:
+    """The graph's greedy answers (speculate_heads with prompt lookup alone: plain greedy's tokens)."""
+
+    def __init__(self, path: Path, threads: int, stop_ids: tuple[int, ...], max_new: int):
+        from sol_control.decoding.adaptive_k import GuessLength
+        from sol_control.decoding.fused import FusedDecoderSession
+
+        self.session = FusedDecoderSession(path, threads=threads)
+        self.stop_ids, self.max_new, self.length = stop_ids, max_new, GuessLength()
+
+    def __call__(self, prompt: np.ndarray) -> np.ndarray:
+        from sol_control.decoding.speculative import speculate_heads
+
+        self.session.reset()
+        result = speculate_heads(self.session, prompt, self.max_new, stop_ids=self.stop_ids, lookup=LOOKUP,
+                                 length=self.length)
+        return np.array(result.tokens, np.int64)
+
+
+def answer_again(ex: D.Examples, answer: Answerer, model: TeacherForced) -> tuple[D.Examples, int]:
+    """ex's prompts with the graph's own answers and hidden rows (the row of answer token i: the one
+    at prompt + i - 1); and how many of the rows' argmaxes equal the answer."""
+    prompts, answers, hidden, same = [], [], [], 0
+    for i in range(len(ex)):
+        prompt = ex.sequence(i)[:int(ex.prompt_len[i])]
+        a = answer(prompt)
+        h, best = model(np.concatenate([prompt, a[:-1]]))
+        same += int((best[len(prompt) - 1:] == a).sum())
+        prompts.append(prompt.tolist())
+        answers.append(a.tolist())
+        hidden.append(h[len(prompt) - 1:])
+    return D.Examples.build(prompts, answers, ex.kind.tolist(), hidden), same
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gguf", type=Path, default=D.GGUF)
+    ap.add_argument("--data", type=Path, default=D.DATA, help="tools/lm_selfdistill.py's shards")
+    ap.add_argument("--int4-mode", default="symmetric")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--max-new", type=int, default=160, help="answer budget (lm_selfdistill's --max-new-chat)")
+    ap.add_argument("--reverse", action="store_true", help="walk the shards from the last (a second process)")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    shards = sorted(args.data.glob("shard_*.npz"))
+    if not shards:
+        raise SystemExit(f"no shard_*.npz in {str(args.data)!r}: run tools/lm_selfdistill.py first")
+    with tempfile.TemporaryDirectory() as tmp:
+        from sol_control.lm.gguf_reader import open_gguf
+        from sol_control.lm.tokenizer import read_gguf_tokenizer
+
+        graph = hidden_graph(args.gguf, args.int4_mode, Path(tmp) / "graph.onnx")
+        model = TeacherForced(graph, args.threads)
+        answer = Answerer(graph, args.threads, read_gguf_tokenizer(open_gguf(args.gguf)).stop_ids, args.max_new)
+        t0, done = time.monotonic(), 0
+        for shard in (reversed(shards) if args.reverse else shards):
+            dst = args.out / shard.name
+            if dst.exists():
+                continue
+            ex = D.Examples.load(shard)
+            new, same = answer_again(ex, answer, model)
+            dst.with_suffix(".json").write_text(json.dumps({"answer_tokens": new.answer_tokens(), "equal": same}))
+            part = args.out / f".{shard.name}"  # not a shard_*.npz until complete
+            new.save(part)
+            part.rename(dst)
+            done += 1
+            print(f"lm_relabel {time.monotonic() - t0:7.1f} s: {shard.name} ({len(ex)} answers, "
+                  f"{new.answer_tokens()} tokens, {same / new.answer_tokens():.2%} of prefill argmaxes equal them)", flush=True)
+    write_meta(args, shards)
+    return 0
+
+
+def write_meta(args, shards: list[Path]) -> None:
+    """meta.json once every shard is written: sizes, and how many prefill argmaxes equal the answers."""
+    new_shards = sorted(args.out.glob("shard_*.npz"))
+    if len(new_shards) < len(shards):
+        return  # the other process writes it
+    counts = [json.loads(p.with_suffix(".json").read_text()) for p in new_shards]
+    tokens = sum(c["answer_tokens"] for c in counts)
+    meta = {"source": str(args.data), "int4_mode": args.int4_mode, "answer_tokens": tokens,
+            "agreement": round(sum(c["equal"] for c in counts) / tokens, 6), "max_new": args.max_new,
+            "lookup": LOOKUP}
+    (args.out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
