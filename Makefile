@@ -21,7 +21,7 @@ export MUJOCO_GL ?= egl
 export OMP_NUM_THREADS ?= 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: all venv venv-train demo test test-quick bench bench-peers bench-lm models fixtures lm-model lm-heads clean sdf-check
+.PHONY: all venv venv-train demo test test-quick bench bench-peers bench-lm models fixtures lm-model lm-heads lm-heads-symmetric clean sdf-check
 
 all: test
 
@@ -94,6 +94,17 @@ lm-heads: lm-model $(TRAIN_STAMP)
 	$(PY) tools/train_lm_heads.py train --chain --heads 5 --save-k 3,4,5 --steps 2000 --threads 2
 	cp .work/lm/heads/smollm2_heads_k3.npz models/lm/
 	cp .work/lm/heads/train_report.json models/lm/smollm2_heads_train_report.json
+	$(MAKE) lm-heads-symmetric
+
+# Heads for the int4-symmetric graph (bench lm's third import): the same prompts answered again by that graph
+# (tools/lm_relabel.py, our engine, ~46 min on two 1-thread processes; resumable), chained heads trained on them.
+LM_SYM_DATA := .work/lm/heads_data_symmetric
+lm-heads-symmetric: lm-model $(TRAIN_STAMP)
+	$(PY) tools/lm_relabel.py --out $(LM_SYM_DATA) & $(PY) tools/lm_relabel.py --out $(LM_SYM_DATA) --reverse; wait
+	$(PY) tools/train_lm_heads.py train --chain --heads 4 --save-k 2,3,4 --steps 2000 --threads 2 \
+	  --data $(LM_SYM_DATA) --out .work/lm/heads_symmetric
+	cp .work/lm/heads_symmetric/smollm2_heads_k3.npz models/lm/smollm2_symmetric_heads_k3.npz
+	cp .work/lm/heads_symmetric/train_report.json models/lm/smollm2_symmetric_heads_train_report.json
 
 # The LM benchmark (docs/LM.md, "make bench-lm"): SmolLM2-135M-Instruct from `make lm-model`, imported once
 # into .work/lm/bench_bundle (git-ignored); standard / int8 / int4 / + draft rows at 1 and 2 threads, 20 prompts

@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import gguf
+import numpy as np
 import pytest
 
 from sol_control.bench import lm_bench, lm_report, lm_rows
@@ -123,12 +124,45 @@ def test_sources_symmetric_import_only_from_a_gguf_and_not_with_no_symmetric(ben
 
     root, bundle, _ = bench
     args = Namespace(bundle=None, gguf=root / "tiny.gguf", draft=root / "draft.gguf", heads=None,
-                     import_dir=bundle, no_symmetric=False)
-    folder, symmetric, gguf = lm_bench._sources(args)  # both keys found: nothing imported again
+                     symmetric_heads=None, import_dir=bundle, no_symmetric=False)
+    folder, (symmetric, with_heads), gguf = lm_bench._sources(args)  # both keys found: nothing imported again
     assert (folder, gguf) == (bundle, root / "tiny.gguf") and symmetric.root == root / "bundle_symmetric"
-    assert lm_bench._sources(Namespace(**{**vars(args), "no_symmetric": True}))[1] is None
+    assert with_heads is None  # no symmetric heads for a model other than SmolLM2 unless given
+    assert lm_bench._sources(Namespace(**{**vars(args), "no_symmetric": True}))[1] == [None, None]
     given = lm_bench._sources(Namespace(**{**vars(args), "bundle": bundle}))
-    assert given == (bundle, None, root / "tiny.gguf")  # --bundle: run as it is, no second import
+    assert given == (bundle, [None, None], root / "tiny.gguf")  # --bundle: run as it is, no second import
+
+
+def test_symmetric_heads_are_a_third_import_with_a_lossless_heads_and_lookup_row(bench, tmp_path):
+    """--symmetric-heads: the symmetric import again, with those heads and without the draft model;
+    its one row, "int4-symmetric + draft + lookup", speculates with the heads and prompt lookup and
+    answers as the headless symmetric import's plain row does."""
+    from argparse import Namespace
+
+    from sol_control.graph.weights import DraftHeads
+
+    root, bundle, _ = bench
+    hidden = Bundle.load(bundle).manifest.target.hidden_size
+    w1, w_prev = 0.05 * np.random.default_rng(3).standard_normal((2, 3, hidden, hidden)).astype(np.float32)
+    heads = tmp_path / "sym_heads.npz"
+    DraftHeads(w1, None, 0, w_prev).save(heads)  # 3 chained heads, as tools/train_lm_heads.py --chain
+    args = Namespace(bundle=None, gguf=root / "tiny.gguf", draft=root / "draft.gguf", heads=None,
+                     symmetric_heads=heads, import_dir=bundle, no_symmetric=False)
+    _, (symmetric, with_heads), _ = lm_bench._sources(args)
+    assert with_heads.root == root / "bundle_symmetric_heads"
+    m = with_heads.manifest
+    assert (m.draft, m.target.draft_heads, m.metrics["import"]["target"]["int4_mode"]) == (None, 3, "symmetric")
+    rows, skipped = lm_rows.make_rows(Bundle.load(bundle), [1], symmetric, with_heads)
+    mine = {r.name: r for r in rows if r.precision == lm_rows.SYMMETRIC}
+    assert mine["int4-symmetric + draft + lookup"].mode == "heads" and rows[-1].name == "int4-symmetric + draft + lookup"
+    tok = _tok()
+    for text in ("the part the part the part", "move the arm to bin 3"):
+        ids = tok.encode(text)
+        plain, spec = (mine[n].generate(ids, 12, (), fresh=True) for n in ("int4-symmetric plain",
+                                                                            "int4-symmetric + draft + lookup"))
+        assert spec.tokens == plain.tokens and len(plain.tokens) == 12
+    with pytest.raises(ValueError, match="--symmetric-heads"):
+        lm_bench._sources(Namespace(**{**vars(args), "symmetric_heads": tmp_path / "missing.npz"}))
 
 
 def test_speculative_row_stops_where_plain_greedy_stops(bench):

@@ -4,7 +4,9 @@ Rows, at each thread count: `standard` (fp32, plain greedy), `int8 plain`, `int4
 `fp32 / int8 / int4 + draft` (the bundle's draft model or the target's own draft heads; skipped with
 a note when it has neither) and `int8 / int4 + draft + lookup` (heads and prompt lookup); imported
 from a GGUF, also `int4-symmetric plain / + lookup` on a second import, without heads, in ONNX
-Runtime GenAI's int4 recipe (`lm_rows.SYMMETRIC`; `--no-symmetric` leaves it out).
+Runtime GenAI's int4 recipe (`lm_rows.SYMMETRIC`; `--no-symmetric` leaves it out), and
+`int4-symmetric + draft + lookup` on a third, the symmetric one with heads trained for it
+(`--symmetric-heads`; by default models/lm/smollm2_symmetric_heads*.npz for SmolLM2).
 Workload (`bench/data/lm_workload.json`, shared with the peers): 20 chat
 prompts, each a new conversation (cold cache, <= 128 new tokens), and a 20-round agent loop whose KV
 cache is kept across rounds; `--rounds` repeats everything. Measuring: `lm_rows`.
@@ -41,6 +43,7 @@ from .lm_rows import (LOOKUP, PROMPT_NEW_TOKENS, QUICK_LOOP_ROUNDS, QUICK_PROMPT
 
 DEFAULT_IMPORT_DIR = Path(".work/lm/bench_bundle")
 HEADS_GLOB = "smollm2_heads*.npz"
+SYMMETRIC_HEADS_GLOB = "smollm2_symmetric_heads*.npz"  # trained on the symmetric graph's answers (lm_relabel)
 VERIFY_TOKENS = (1, 2, 5, 9)
 
 
@@ -49,6 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--bundle", type=Path, default=None, help="an LM bundle (default: import --gguf)")
     src.add_argument("--gguf", type=Path, default=None, help="GGUF to import (default: the `make lm-model` SmolLM2)")
     p.add_argument("--heads", type=Path, default=None, help=f"draft heads to attach (default with the SmolLM2 GGUF and no --draft: models/lm/{HEADS_GLOB})")
+    p.add_argument("--symmetric-heads", type=Path, default=None,
+                   help=f"draft heads for the int4-symmetric import (default with the SmolLM2 GGUF and no --draft: "
+                        f"models/lm/{SYMMETRIC_HEADS_GLOB}); a third import, its '+ draft + lookup' row")
     p.add_argument("--draft", type=Path, default=None, help="a draft model (GGUF) imported with the target")
     p.add_argument("--import-dir", type=Path, default=DEFAULT_IMPORT_DIR, help="where the imported bundle is kept")
     p.add_argument("--threads", default="1,2", help="ONNX Runtime intra-op threads, comma separated")
@@ -72,14 +78,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 # ---- the bundle: imported once, again when the GGUF, heads or draft change ----------------------
 
-def find_heads(explicit: Path | None, smollm2: bool) -> Path | None:
-    """--heads, else the newest shipped SmolLM2 heads when the GGUF is `make lm-model`'s SmolLM2 (they
-    fit no other model)."""
+def find_heads(explicit: Path | None, smollm2: bool, glob: str = HEADS_GLOB, option: str = "--heads") -> Path | None:
+    """`option`'s file, else the newest shipped SmolLM2 heads matching `glob` when the GGUF is
+    `make lm-model`'s SmolLM2 (they fit no other model)."""
     if explicit is not None:
         if not explicit.is_file():
-            raise ValueError(f"--heads {explicit}: no such file")
+            raise ValueError(f"{option} {explicit}: no such file")
         return explicit
-    found = sorted((REPO / "models" / "lm").glob(HEADS_GLOB)) if smollm2 else []
+    found = sorted((REPO / "models" / "lm").glob(glob)) if smollm2 else []
     return found[-1] if found else None
 
 
@@ -234,17 +240,18 @@ def _peers(gguf: Path | None, workload: dict, threads: list[int], quick: bool, p
     return {"rows": rows, "note": "" if rows else "no peer engine ran (see tools/setup_peers.sh)"}
 
 
-def _sources(args: argparse.Namespace) -> tuple[Path, Bundle | None, Path | None]:
-    """(the bundle folder, the symmetric import or None, the GGUF the peers get): without
-    --bundle, the GGUF (default: `make lm-model`'s) imported as it is and, unless --no-symmetric,
-    again in `--int4-mode symmetric`."""
+def _sources(args: argparse.Namespace) -> tuple[Path, list[Bundle | None], Path | None]:
+    """(the bundle folder, [the symmetric import, the symmetric import with heads], each or None,
+    the GGUF the peers get): without --bundle, the GGUF (default: `make lm-model`'s) imported as it
+    is and, unless --no-symmetric, again in `--int4-mode symmetric` without heads and, when there
+    are symmetric heads, with them."""
     gguf = args.gguf
     if args.bundle is not None:
         if gguf is None:
             from ..lm.cache import DEFAULT_DIR, SMOLLM2_GGUF
 
             gguf = DEFAULT_DIR / SMOLLM2_GGUF if (DEFAULT_DIR / SMOLLM2_GGUF).is_file() else None
-        return args.bundle, None, gguf
+        return args.bundle, [None, None], gguf
     smollm2 = gguf is None and args.draft is None  # the default model, which the shipped heads are for
     if gguf is None:
         from ..lm.cache import smollm2_gguf
@@ -252,10 +259,14 @@ def _sources(args: argparse.Namespace) -> tuple[Path, Bundle | None, Path | None
         gguf = smollm2_gguf()
     heads = find_heads(args.heads, smollm2)
     root = ensure_bundle(gguf, args.import_dir, heads, args.draft)
-    symmetric = None
-    if not args.no_symmetric:
-        folder = args.import_dir.with_name(args.import_dir.name + "_symmetric")
-        symmetric = Bundle.load(ensure_bundle(gguf, folder, None, args.draft, "symmetric"))  # no heads: docs/LM.md
+    if args.no_symmetric:
+        return root, [None, None], gguf
+    folder = args.import_dir.with_name(args.import_dir.name + "_symmetric")
+    symmetric = [Bundle.load(ensure_bundle(gguf, folder, None, args.draft, "symmetric")), None]
+    sym_heads = find_heads(args.symmetric_heads, smollm2, SYMMETRIC_HEADS_GLOB, "--symmetric-heads")
+    if sym_heads is not None:
+        folder = args.import_dir.with_name(args.import_dir.name + "_symmetric_heads")
+        symmetric[1] = Bundle.load(ensure_bundle(gguf, folder, sym_heads, None, "symmetric"))  # heads, no draft
     return root, symmetric, gguf
 
 
@@ -274,7 +285,7 @@ def run(args: argparse.Namespace) -> int:
     if tok is None or not tok.chat_template:
         raise ValueError(f"bundle {root}: no tokenizer or chat template (an LM bundle from `sol-control import`)")
     workload = load_workload(args.quick, args.max_new_tokens, args.prompts, args.loop_rounds)
-    rows, skipped = make_rows(bundle, threads, symmetric)
+    rows, skipped = make_rows(bundle, threads, *symmetric)
     for s in skipped:
         say(f"skipped {s['name']} @{s['threads']}t: {s['note']}")
     meter = EnergyMeter()

@@ -11,7 +11,9 @@ the answer (rendering the template, the harness's work, is left out).
 With a second import of the same GGUF in `--int4-mode symmetric` (ONNX Runtime GenAI's int4 recipe:
 symmetric 4-bit blocks of 32, 4-bit head, int8 activations; imported without heads), its
 SYMMETRIC_ROWS (plain, + lookup alone, or + draft with a draft model) run beside the bundle's own
-under the precision label `int4-symmetric`: our engine on the int4 weights the peer runs.
+under the precision label `int4-symmetric`: our engine on the int4 weights the peer runs. A third
+import, the symmetric one with draft heads trained on that graph's own answers (tools/lm_relabel.py),
+adds SYMMETRIC_HEADS_ROWS under the same label.
 """
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ SYMMETRIC = "int4-symmetric"  # rows on the symmetric import's int4 graph (impor
 SYMMETRIC_ROWS = [(f"{SYMMETRIC} plain", SYMMETRIC, "plain", 0),
                   (f"{SYMMETRIC} + draft", SYMMETRIC, "draft", 0),  # with --draft
                   (f"{SYMMETRIC} + lookup", SYMMETRIC, "lookup", LOOKUP)]  # "lookup": prompt lookup alone
+SYMMETRIC_HEADS_ROWS = [(f"{SYMMETRIC} + draft + lookup", SYMMETRIC, "draft", LOOKUP)]  # its own heads, + lookup
 
 _T0 = time.monotonic()
 
@@ -173,12 +176,15 @@ class Row:
         return Run(res.tokens, res.stats.ttft_ms, wall_ms, cpu, res.stats.verify_passes)
 
 
-def make_rows(bundle: Bundle, threads: list[int], symmetric: Bundle | None = None) -> tuple[list[Row], list[dict]]:
+def make_rows(bundle: Bundle, threads: list[int], symmetric: Bundle | None = None,
+              symmetric_heads: Bundle | None = None) -> tuple[list[Row], list[dict]]:
     """The rows this bundle can run, each with sessions of its own, and the skipped ones with a note.
     "draft" is the bundle's draft model when it has one (as `generate` does), else its draft heads.
-    `symmetric`: the same model imported with `--int4-mode symmetric` (and no heads: they gain nothing
-    on its compute-bound verify passes, docs/LM.md); its SYMMETRIC_ROWS follow."""
-    sources = [(bundle, ROWS)] + [(symmetric, SYMMETRIC_ROWS)] * (symmetric is not None)
+    `symmetric`: the same model imported with `--int4-mode symmetric` without heads (plain calls 6 %
+    cheaper, docs/LM.md); its SYMMETRIC_ROWS follow. `symmetric_heads`: that import with heads of its
+    own; its SYMMETRIC_HEADS_ROWS come last."""
+    sources = [(bundle, ROWS), (symmetric, SYMMETRIC_ROWS), (symmetric_heads, SYMMETRIC_HEADS_ROWS)]
+    sources = [(b, specs) for b, specs in sources if b is not None]
     rows, skipped = [], []
     for t in threads:
         for b, specs in sources:
