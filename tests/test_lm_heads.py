@@ -277,3 +277,13 @@ def test_relabel_answers_with_the_symmetric_graphs_own_tokens_and_rows(tiny, tmp
         for j in (0, len(plain) - 1):
             h, _ = model(np.array(prompt + plain[:j], np.int64))
             np.testing.assert_allclose(new.hidden[starts[i] + j].astype(np.float32), h[-1], rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("name, k", [("smollm2_heads_k3.npz", 3), ("smollm2_symmetric_heads_k2.npz", 2)])
+def test_shipped_smollm2_heads_are_chained_heads_on_the_lm_head(name, k):
+    """The committed heads files read as the import reads them: K chained heads for SmolLM2's hidden
+    size 576, guessing through the model's own lm_head (no w2 of their own)."""
+    from sol_control.lm.importer import read_heads
+
+    heads = read_heads(REPO / "models" / "lm" / name)
+    assert heads.k == k and heads.shared_head and heads.w1.shape == heads.w_prev.shape == (k, 576, 576)
