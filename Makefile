@@ -97,11 +97,12 @@ lm-heads: lm-model $(TRAIN_STAMP)
 	$(MAKE) lm-heads-symmetric
 
 # Heads for the int4-symmetric graph (bench lm's third import): the same prompts answered again by that graph
-# (tools/lm_relabel.py, our engine, ~60 min on two 1-thread processes; resumable), then 4 chained heads trained
-# on them (~16 min); models/lm/smollm2_symmetric_heads_k2.npz is the first 2 of them.
+# (tools/lm_selfdistill_graph.py, our engine, ~60 min on two 1-thread processes; resumable), then 4 chained
+# heads trained on them (~16 min); models/lm/smollm2_symmetric_heads_k2.npz is the first 2 of them.
 LM_SYM_DATA := .work/lm/heads_data_symmetric
 lm-heads-symmetric: lm-model $(TRAIN_STAMP)
-	$(PY) tools/lm_relabel.py --out $(LM_SYM_DATA) & $(PY) tools/lm_relabel.py --out $(LM_SYM_DATA) --reverse; wait
+	$(PY) tools/lm_selfdistill_graph.py --out $(LM_SYM_DATA) & \
+	  $(PY) tools/lm_selfdistill_graph.py --out $(LM_SYM_DATA) --reverse; wait
 	$(PY) tools/train_lm_heads.py train --chain --heads 4 --save-k 2,3,4 --steps 2000 --threads 2 \
 	  --data $(LM_SYM_DATA) --out .work/lm/heads_symmetric
 	cp .work/lm/heads_symmetric/smollm2_heads_k2.npz models/lm/smollm2_symmetric_heads_k2.npz

@@ -256,11 +256,11 @@ def test_training_prompts_hold_out_the_benchmark_workload():
     assert D.chat_prompts(50, seed=0) == chats[:50]  # deterministic for a seed
 
 
-def test_relabel_answers_with_the_symmetric_graphs_own_tokens_and_rows(tiny, tmp_path):
-    """tools/lm_relabel.py on the tiny model: each prompt's new answer is the symmetric int4 graph's
-    plain greedy (as `generate` decodes a symmetric import), the prefill's argmaxes equal it, and
-    hidden row i is the graph's last row after prompt + answer[:i] (the row whose argmax is token i)."""
-    R, D = _tool("lm_relabel"), _tool("lm_selfdistill")
+def test_selfdistill_graph_answers_with_the_symmetric_graphs_own_tokens_and_rows(tiny, tmp_path):
+    """tools/lm_selfdistill_graph.py on the tiny model: each prompt's new answer is the symmetric
+    int4 graph's plain greedy (as `generate` decodes a symmetric import), the prefill's argmaxes equal
+    it, and hidden row i is the graph's last row after prompt + answer[:i] (whose argmax is token i)."""
+    R, D = _tool("lm_selfdistill_graph"), _tool("lm_selfdistill")
     path = tiny[0]
     graph = R.hidden_graph(path, "symmetric", tmp_path / "graph.onnx")
     model, answer = R.TeacherForced(graph, 1), R.Answerer(graph, 1, STOPS, 10)

@@ -43,7 +43,7 @@ from .lm_rows import (LOOKUP, PROMPT_NEW_TOKENS, QUICK_LOOP_ROUNDS, QUICK_PROMPT
 
 DEFAULT_IMPORT_DIR = Path(".work/lm/bench_bundle")
 HEADS_GLOB = "smollm2_heads*.npz"
-SYMMETRIC_HEADS_GLOB = "smollm2_symmetric_heads*.npz"  # trained on the symmetric graph's answers (lm_relabel)
+SYMMETRIC_HEADS_GLOB = "smollm2_symmetric_heads*.npz"  # trained on the symmetric graph's own answers
 VERIFY_TOKENS = (1, 2, 5, 9)
 
 

@@ -12,8 +12,8 @@ With a second import of the same GGUF in `--int4-mode symmetric` (ONNX Runtime G
 symmetric 4-bit blocks of 32, 4-bit head, int8 activations; imported without heads), its
 SYMMETRIC_ROWS (plain, + lookup alone, or + draft with a draft model) run beside the bundle's own
 under the precision label `int4-symmetric`: our engine on the int4 weights the peer runs. A third
-import, the symmetric one with draft heads trained on that graph's own answers (tools/lm_relabel.py),
-adds SYMMETRIC_HEADS_ROWS under the same label.
+import, the symmetric one with draft heads trained on that graph's own answers
+(tools/lm_selfdistill_graph.py), adds SYMMETRIC_HEADS_ROWS under the same label.
 """
 from __future__ import annotations
 

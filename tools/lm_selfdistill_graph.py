@@ -4,14 +4,15 @@ tools/lm_selfdistill.py answered again by the int4 graph of an `--int4-mode` suc
 
 The heads of `make lm-heads` learn what the fp32 target says, from its hidden states. A re-quantized
 target says other things: read teacher-forced over fp32's answers, the symmetric graph's argmax
-equals the next token of the text only 71 % of the time (a sample of 8 answers). So heads for it need its own answers and
-numbers. Per prompt: its greedy answer (our engine, prompt lookup, up to the same 160 tokens, cut
-after a stop id), then one prefill of prompt + answer that gives each row's final hidden state h
-(the graph's `final_norm`, as its heads would read it) and argmax b. b must equal the answer (the
-graph's rows do not depend on how many tokens share a pass); `agreement` in meta.json checks it.
-tools/train_lm_heads.py then reads these shards as it reads the fp32 ones.
+equals the next token of the text only 71 % of the time (a sample of 8 answers). So heads for it
+need its own answers and numbers. Per prompt: its greedy answer (our engine, prompt lookup, up to
+the same 160 tokens, cut after a stop id), then one prefill of prompt + answer that gives each
+row's final hidden state h (the graph's `final_norm`, as its heads would read it) and argmax b.
+b must equal the answer (the graph's rows do not depend on how many tokens share a pass);
+`agreement` in meta.json checks it. tools/train_lm_heads.py then reads these shards as it reads
+the fp32 ones.
 
-    python tools/lm_relabel.py --int4-mode symmetric --out .work/lm/heads_data_symmetric
+    python tools/lm_selfdistill_graph.py --int4-mode symmetric --out .work/lm/heads_data_symmetric
     python tools/train_lm_heads.py train --data .work/lm/heads_data_symmetric ...
 
 Shards are written as they are made, one per input shard, and the ones already there are kept.
@@ -44,7 +45,7 @@ def hidden_graph(gguf: Path, int4_mode: str, path: Path) -> Path:
     import onnx
     from onnx import TensorProto, helper
 
-    from sol_control.graph.llama import build_graph, BuildOptions
+    from sol_control.graph.llama import BuildOptions, build_graph
     from sol_control.lm import importer
     from sol_control.lm.gguf_reader import read_gguf_weights
 
@@ -64,10 +65,9 @@ class TeacherForced:
     def __init__(self, path: Path, threads: int):
         import onnxruntime as ort
 
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = threads
-        so.inter_op_num_threads = 1
-        self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        from sol_control.decoding.session import session_options
+
+        self.session = ort.InferenceSession(str(path), session_options(threads), providers=["CPUExecutionProvider"])
         past = [i for i in self.session.get_inputs() if i.name.startswith("past_key_values.")]
         self.zeros = {i.name: np.zeros(i.shape, np.float32) for i in past}
 
@@ -149,8 +149,9 @@ def main(argv: list[str] | None = None) -> int:
             new.save(part)
             part.rename(dst)
             done += 1
-            print(f"lm_relabel {time.monotonic() - t0:7.1f} s: {shard.name} ({len(ex)} answers, "
-                  f"{new.answer_tokens()} tokens, {same / new.answer_tokens():.2%} of prefill argmaxes equal them)", flush=True)
+            print(f"lm_selfdistill_graph {time.monotonic() - t0:7.1f} s: {shard.name} ({len(ex)} answers, "
+                  f"{new.answer_tokens()} tokens, {same / new.answer_tokens():.2%} of prefill argmaxes equal them)",
+                  flush=True)
     write_meta(args, shards)
     return 0
 
