@@ -46,13 +46,11 @@ def hidden_graph(gguf: Path, int4_mode: str, path: Path) -> Path:
     from onnx import TensorProto, helper
 
     from sol_control.graph.llama import BuildOptions, build_graph
-    from sol_control.lm import importer
     from sol_control.lm.gguf_reader import read_gguf_weights
+    from sol_control.lm.importer import graph_inputs
 
-    weights = importer._int4_weights(read_gguf_weights(gguf), int4_mode)
-    options = {"max_context": CONTEXT, "int8_activations": importer.LM_INT8_ACTIVATIONS, "argmax": True,
-               **importer.INT4_MODES[int4_mode]}
-    model = build_graph(weights, BuildOptions(precision="int4", **options))
+    weights, options = graph_inputs(read_gguf_weights(gguf), "int4", CONTEXT, int4_mode)
+    model = build_graph(weights, BuildOptions(precision="int4", argmax=True, **options))
     size = weights.config.hidden_size
     model.graph.output.append(helper.make_tensor_value_info(HIDDEN, TensorProto.FLOAT, [1, "T", size]))
     onnx.save(model, str(path))
@@ -137,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         graph = hidden_graph(args.gguf, args.int4_mode, Path(tmp) / "graph.onnx")
         model = TeacherForced(graph, args.threads)
         answer = Answerer(graph, args.threads, read_gguf_tokenizer(open_gguf(args.gguf)).stop_ids, args.max_new)
-        t0, done = time.monotonic(), 0
+        t0 = time.monotonic()
         for shard in (reversed(shards) if args.reverse else shards):
             dst = args.out / shard.name
             if dst.exists():
@@ -148,7 +146,6 @@ def main(argv: list[str] | None = None) -> int:
             part = args.out / f".{shard.name}"  # not a shard_*.npz until complete
             new.save(part)
             part.rename(dst)
-            done += 1
             print(f"lm_selfdistill_graph {time.monotonic() - t0:7.1f} s: {shard.name} ({len(ex)} answers, "
                   f"{new.answer_tokens()} tokens, {same / new.answer_tokens():.2%} of prefill argmaxes equal them)",
                   flush=True)

@@ -104,6 +104,14 @@ INT4_MODES = {  # graph builder options of an int4 graph (docs/LM.md, "int4 mode
 REQUANTIZED = ("symmetric",)  # modes that quantize the dequantized weights again instead of carrying Q4_1 blocks
 
 
+def graph_inputs(weights, precision: str, context: int, int4_mode: str) -> tuple[Any, dict[str, Any]]:
+    """(the weights, the BuildOptions) `sol-control import` builds the `precision` graph from."""
+    options = {"max_context": context, "int8_activations": LM_INT8_ACTIVATIONS, "heads_vocab": HEADS_VOCAB}
+    if precision != "int4":
+        return weights, options
+    return _int4_weights(weights, int4_mode), {**options, **INT4_MODES[int4_mode]}
+
+
 def _int4_weights(weights, int4_mode: str):
     """The weights an int4 graph of `int4_mode` is built from: as read, or with every given Int4Blocks
     dequantized (then quantized again by the graph builder)."""
@@ -184,11 +192,7 @@ def write_graphs(weights, out: Path, role: str, quantize: tuple[str, ...], conte
     for precision in ("fp32", *quantize):
         t1 = time.monotonic_ns()
         name = f"{role}_{precision}.onnx"
-        options = {"max_context": context, "int8_activations": LM_INT8_ACTIVATIONS, "heads_vocab": HEADS_VOCAB}
-        source = weights
-        if precision == "int4":
-            options.update(INT4_MODES[int4_mode])
-            source = _int4_weights(weights, int4_mode)
+        source, options = graph_inputs(weights, precision, context, int4_mode)
         build_decoder(source, out / name, precision, **options)
         fused[precision], build_s[precision] = name, round((time.monotonic_ns() - t1) / 1e9, 2)
         written.append(name)
