@@ -322,10 +322,32 @@ def test_guess_length_checks_only_the_guesses_that_pay_for_their_pass():
             right = rng.random(c) < p[:c]
             accepted = int(np.argmin(np.append(right, False)))  # leading right guesses
             length.update(source, c, accepted, 10.0 + 2.0 * c)
-    assert length.choose("heads", 4) == 1
-    assert length.choose("lookup", 8) == 8
+    assert length.best("heads", 4) == 1
+    assert length.best("lookup", 8) == 8
     assert length.expected_tokens("heads", 1)[0] == pytest.approx(1.6, abs=0.1)
     assert length.choose("heads", 0) == 0 and length.choose("heads", 1) == 1
+
+
+def test_guess_length_times_the_counts_next_to_its_best_again():
+    """One guess pays (passes 10 ms + 2 ms a guess, the second guess right 20 % of the time), but
+    its first pass was timed cold at 40 ms, so two guesses look better. Every RETIME_EVERY-th pass
+    checks a count next to the best, and the one-guess pass's true cost brings the choice back."""
+    from sol_control.decoding.adaptive_k import RETIME_EVERY
+
+    length = GuessLength()
+    rng = np.random.default_rng(2)
+    chosen = []
+    for i in range(40 * RETIME_EVERY):
+        c = length.choose("heads", 2)
+        chosen.append(c)
+        right = rng.random(c) < [0.6, 0.2][:c]
+        cold = i == 0  # the first pass after a prefill through another graph
+        length.update("heads", c, int(np.argmin(np.append(right, False))), 40.0 if cold else 10.0 + 2.0 * c)
+    assert chosen[:2] == [1, 2]  # each count timed once, smallest first
+    assert chosen[2:2 + RETIME_EVERY - 1] == [2] * (RETIME_EVERY - 1)  # the cold timing misled it
+    assert length.best("heads", 2) == 1
+    twos = np.flatnonzero(np.array(chosen[-4 * RETIME_EVERY:]) == 2)
+    assert len(twos) == 4 and set(np.diff(twos)) == {RETIME_EVERY}  # two guesses now only to re-time them
 
 
 def test_guess_length_prefers_the_source_with_more_tokens_a_ms_and_still_tries_the_other():

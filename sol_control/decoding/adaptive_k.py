@@ -14,6 +14,7 @@ import numpy as np
 MAX_K = 16
 PROBE_K = 2  # draft length of the steps that re-measure a draft the controller stopped using
 EXPLORE_EVERY = 8  # GuessLength.prefer: a source that looks slower is still tried this often
+RETIME_EVERY = 16  # GuessLength.choose: every so many passes of a source check a count next to its best
 OUTLIER_X = 3.0  # a timing enters a running average at most at this multiple of the average
 
 
@@ -114,7 +115,10 @@ class GuessLength:
     chance that guess j is accepted once guesses 1..j-1 were, and picks the count c with the most
     expected tokens, 1 + sum_j prod_{i<=j} p_i, per ms of a pass of c + 1 rows (AdaptiveK's cost
     estimate, learnt from the passes it times; each count is timed once first). At least one guess:
-    a plain step in exact mode runs two rows anyway. Keep one per decoder: it learns across answers.
+    a plain step in exact mode runs two rows anyway. Every RETIME_EVERY-th pass of a source checks a
+    count next to its best instead, so that a count's cost keeps up: its first timing may have been
+    a cold pass (the first after a prefill through another graph), and a count never chosen again
+    would keep that price for good. Keep one per decoder: it learns across answers.
     """
 
     def __init__(self, decay: float = 0.98):
@@ -123,6 +127,7 @@ class GuessLength:
         self._tried: dict[str, np.ndarray] = {}
         self._passed: dict[str, np.ndarray] = {}
         self._lost: dict[str, int] = {}  # per source: how often `prefer` found it slower
+        self._chosen: dict[str, int] = {}  # per source: passes counted for RETIME_EVERY
 
     def _counts(self, source: str) -> tuple[np.ndarray, np.ndarray]:
         if source not in self._tried:
@@ -146,14 +151,25 @@ class GuessLength:
         return 1.0 + np.cumsum(np.cumprod(self.acceptance(source)[:count]))
 
     def choose(self, source: str, offered: int) -> int:
-        """The number of guesses to check, 1..offered (0 when none are offered)."""
+        """The number of guesses to check, 1..offered (0 when none are offered): the best count,
+        or every RETIME_EVERY-th pass of `source` a count next to it (below and above in turn)."""
         offered = min(offered, MAX_K)
         if offered <= 1:
             return offered
         untimed = np.flatnonzero(np.isnan(self.costs.verify[2:offered + 2]))  # counts c - 1 never timed
         if len(untimed):
             return int(untimed[0]) + 1  # each count is timed once, smallest first (no extrapolating below)
-        return 1 + int(np.argmax(self._rates(source, offered)))
+        best = self.best(source, offered)
+        n = self._chosen[source] = self._chosen.get(source, 0) + 1
+        if n % RETIME_EVERY:
+            return best
+        nearby = [c for c in (best - 1, best + 1) if 1 <= c <= offered]
+        return nearby[(n // RETIME_EVERY) % len(nearby)]
+
+    def best(self, source: str, offered: int) -> int:
+        """The count of `source`'s guesses with the most expected tokens a ms, 1..offered (all of
+        them timed)."""
+        return 1 + int(np.argmax(self._rates(source, min(offered, MAX_K))))
 
     def _rates(self, source: str, offered: int) -> list[float]:
         """Expected tokens per ms of a pass checking c = 1..offered of `source`'s guesses."""
