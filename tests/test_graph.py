@@ -506,21 +506,22 @@ def test_a_prefill_graph_runs_the_prefill_chunks_on_the_same_cache(tmp_path):
     prefix = rng.integers(0, 96, 12)
     calls = sess.calls  # the exactness probe's calls (`_run`: the int4 graph)
     assert sess.prefill_calls == 0
-    sess.prefill(prefix)  # one call of 12 ids
-    assert (sess.prefill_calls, sess.calls) == (1, calls + 1)
+    sess.prefill(prefix)  # one call of 12 ids (exact mode: 11, then the last paired through int4)
+    exact = sess.min_step_tokens == 2
+    assert (sess.prefill_calls, sess.calls) == (1, calls + 1 + exact)
     sess.forward(prefix[:5])  # a verify pass: the int4 graph
-    assert (sess.prefill_calls, sess.calls) == (1, calls + 2)
+    assert (sess.prefill_calls, sess.calls) == (1, calls + 2 + exact)
     # the same cache as an int8 prefill: an int8 session's cache, then the int4 graph on it
     ref8 = FusedDecoderSession(int8)
     ref8.prefill(prefix)
-    mixed = FusedDecoderSession(int4, prefill_path=int8)
+    mixed = FusedDecoderSession(int4, prefill_path=int8, min_step_tokens=1)
     mixed.prefill(prefix)
     def cached(x):  # [tensor, kv heads, position, dim], the prefix's positions
         return x._kv.reshape(len(x._kv), x.n_heads, -1, x.head_dim)[:, :, :len(prefix)]
 
     assert np.array_equal(cached(mixed), cached(ref8))
     one = prefix[:1]
-    ref4 = FusedDecoderSession(int4)
+    ref4 = FusedDecoderSession(int4, min_step_tokens=1)
     ref4._kv[:] = ref8._kv  # an int4 session on the int8 prefill's cache
     ref4.length, ref4.tokens[:len(prefix)] = len(prefix), prefix
     assert np.array_equal(mixed.forward(one), ref4.forward(one))
@@ -534,6 +535,36 @@ def test_a_prefill_graph_runs_the_prefill_chunks_on_the_same_cache(tmp_path):
     other = build_decoder(w_other, tmp_path / "other.onnx", "int8")
     with pytest.raises(ValueError, match="does not match"):
         FusedDecoderSession(int4, prefill_path=other)
+
+
+def test_in_exact_mode_the_last_prefix_token_goes_through_the_main_graph(tmp_path):
+    """Exact mode with a prefill graph: plain decoding's first step runs the last prefix token
+    again, through the int4 graph; so the prefill leaves that token's cache row as the int4 graph
+    writes it (paired with the token before it), a plain step then leaves the prefix's cache as
+    the prefill wrote it, and speculation with heads equals plain greedy."""
+    from sol_control.decoding import speculate_heads
+    from sol_control.graph.weights import DraftHeads
+
+    w = tiny_weights(seed=4)
+    w.heads = DraftHeads(np.zeros((4, 64, 64), np.float32), None, 0)
+    int4, int8 = (build_decoder(w, tmp_path / f"{p}.onnx", p) for p in ("int4", "int8"))
+    sess = FusedDecoderSession(int4, prefill_path=int8, min_step_tokens=2)
+    rng = np.random.default_rng(8)
+    for n in (1, 2, 9):
+        prefix = rng.integers(0, 96, n)
+        sess.reset()
+        calls = sess.prefill_calls
+        first = int(np.argmax(sess.prefill(prefix)))
+        assert sess.prefill_calls - calls == (n > 1)  # the prefill graph up to the last token
+        written = sess._kv.reshape(len(sess._kv), sess.n_heads, -1, sess.head_dim)[:, :, :n].copy()
+        sess.forward(np.array([first]))  # exact mode: (prefix[-1], first) through the int4 graph
+        again = sess._kv.reshape(len(sess._kv), sess.n_heads, -1, sess.head_dim)[:, :, :n]
+        assert np.array_equal(again, written)
+    for _ in range(6):
+        p = rng.integers(0, 96, int(rng.integers(3, 12)))
+        sess.reset()
+        plain = greedy(sess, p, 12).tokens
+        assert speculate_heads(sess, p, 12, lookup=4).tokens == plain
 
 
 def test_lookup_guesses_copy_what_followed_the_latest_repeat():

@@ -20,7 +20,7 @@ token gets inside a multi-token verify pass wherever the linears' kernels treat 
 the int8 integer GEMMs on every CPU, 4-bit MatMulNBits (int8 activations) on AVX-512 but not on
 AVX2, whose one-row kernel rounds differently. So a session probes its graph when it opens
 (`exact_rows()`, unless `min_step_tokens` is given) and falls back to exact mode,
-`min_step_tokens=2` (a lone new token is run with the previous one), where rows differ; then
+`min_step_tokens=2` (a lone new token is run with the previous one, a first token twice), where rows differ; then
 speculative decoding still equals plain greedy.
 
 A second graph of the same model for prefills (`prefill_path`, e.g. the int8 graph beside an int4
@@ -28,7 +28,10 @@ one): `prefill` runs through it, on the same KV buffers (both graphs bind [1, kv
 `forward` (decoding steps, verify passes) through the main graph. ONNX Runtime's 4-bit kernel is
 slow on many rows (SmolLM2: a 64-token prefill 241 ms through the int4 graph, 130 ms through the
 int8 one; docs/BENCHMARKS.md). Plain and speculative decoding prefill alike, so speculative still
-equals plain greedy.
+equals plain greedy. In exact mode the last prefix token goes through the main graph (paired with
+the one before it): plain decoding's first step runs it again there, and a verify pass does not,
+so with the prefill graph's numbers in its cache row the two would part (SmolLM2 int4 on an AVX2
+host: 13 of 20 workload answers, 2026-12-04).
 
 Same public interface as `DecoderSession` (forward, prefill, rewind, reset, length, tokens, ...),
 so `greedy` and `speculate` run on either.
@@ -185,7 +188,12 @@ class FusedDecoderSession:
                 raise ValueError(f"{self.name}: token ids must lie in [0, {self.vocab}), got {int(ids[0])}")
         elif T and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab):
             raise ValueError(f"{self.name}: token ids must lie in [0, {self.vocab}), got [{ids.min()}, {ids.max()}]")
-        if T == 1 and self.min_step_tokens == 2 and L > 0:
+        if T == 1 and self.min_step_tokens == 2:  # exact mode: never one row alone
+            if L == 0:  # nothing before it: the token twice, the second dropped
+                self._pair[:] = ids[0]
+                logits = self._run(self._pair, 2, b)[:1]
+                self.rewind(1)
+                return logits
             self._pair[:] = self.tokens[L - 1], ids[0]
             self.rewind(L - 1)
             return self._run(self._pair, 1, b)
@@ -201,10 +209,15 @@ class FusedDecoderSession:
         m = min(self.length, n)
         same = int(np.argmin(np.append(self.tokens[:m] == prefix[:m], False)))
         self.rewind(min(same, n - 1))  # the last prefix token is always recomputed for its logits
+        # exact mode re-runs the last prefix token with the first new one: through the main graph
+        # both ways, so the prefill graph stops short of it (the main graph pairs it with the one before)
+        split = n - 1 if self._prefill is not None and self.min_step_tokens == 2 else n
         logits = None
-        while self.length < n:
-            stop = min(n, self.length + self.max_step_tokens)
+        while self.length < split:
+            stop = min(split, self.length + self.max_step_tokens)
             logits = self._forward(prefix[self.length:stop], 1, self._prefill or self._main)
+        if self.length < n:
+            logits = self._forward(prefix[n - 1:], 1, self._main)
         return logits[-1]
 
     def _run(self, ids: np.ndarray, rows: int, b: "_Binding | None" = None) -> np.ndarray:

@@ -63,7 +63,7 @@ QUANTIZED_OPS = {"MatMulNBits", "MatMulInteger", "DynamicQuantizeMatMul", "MatMu
 
 def exact_step_tokens(path: str | Path) -> int:
     """The exactness rule: 2 for a graph with quantized activations (a single new token is run
-    together with the previous one, so plain decoding uses the same numeric path as speculative
+    together with the previous one, a first one with itself, so plain decoding uses the same numeric path as speculative
     verification and the two agree token for token), 1 otherwise. Read from the graph itself."""
     import onnx
 
@@ -197,7 +197,12 @@ class DecoderSession:
             lo, hi = int(ids.min()), int(ids.max())
             if lo < 0 or hi >= self.vocab:
                 raise ValueError(f"{self.name}: token ids must lie in [0, {self.vocab}), got [{lo}, {hi}]")
-        if T == 1 and self.min_step_tokens == 2 and L > 0:
+        if T == 1 and self.min_step_tokens == 2:  # exact mode: never one row alone
+            if L == 0:  # nothing before it: the token twice, the second dropped
+                self._pair[:] = ids[0]
+                logits = self._run(self._pair)[:1]
+                self.rewind(1)
+                return logits
             self._pair[:] = self.tokens[L - 1], ids[0]
             self.rewind(L - 1)
             return self._run(self._pair)[1:]
