@@ -20,8 +20,8 @@ token gets inside a multi-token verify pass wherever the linears' kernels treat 
 the int8 integer GEMMs on every CPU, 4-bit MatMulNBits (int8 activations) on AVX-512 but not on
 AVX2, whose one-row kernel rounds differently. So a session probes its graph when it opens
 (`exact_rows()`, unless `min_step_tokens` is given) and falls back to exact mode,
-`min_step_tokens=2` (a lone new token is run with the previous one, a first token twice), where rows differ; then
-speculative decoding still equals plain greedy.
+`min_step_tokens=2` (a lone new token is run with the previous one, a first token twice), where
+rows differ; then speculative decoding still equals plain greedy.
 
 A second graph of the same model for prefills (`prefill_path`, e.g. the int8 graph beside an int4
 one): `prefill` runs through it, on the same KV buffers (both graphs bind [1, kv, C, D] per layer),

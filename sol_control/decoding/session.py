@@ -63,8 +63,9 @@ QUANTIZED_OPS = {"MatMulNBits", "MatMulInteger", "DynamicQuantizeMatMul", "MatMu
 
 def exact_step_tokens(path: str | Path) -> int:
     """The exactness rule: 2 for a graph with quantized activations (a single new token is run
-    together with the previous one, a first one with itself, so plain decoding uses the same numeric path as speculative
-    verification and the two agree token for token), 1 otherwise. Read from the graph itself."""
+    together with the previous one, a first one with itself, so plain decoding uses the same
+    numeric path as speculative verification and the two agree token for token), 1 otherwise.
+    Read from the graph itself."""
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
