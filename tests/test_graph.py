@@ -489,6 +489,11 @@ def test_speculation_with_the_targets_own_heads_equals_plain_greedy(tmp_path, pr
     assert sess.exact_rows() >= (precision in ROW_EXACT_ON_EVERY_CPU)  # the query pad: one-token rows = verify rows
 
 
+def _cached(sess, n: int) -> np.ndarray:
+    """A fused session's cache [tensor, kv heads, position, dim] at its first n positions (a view)."""
+    return sess._kv.reshape(len(sess._kv), sess.n_heads, -1, sess.head_dim)[:, :, :n]
+
+
 def test_a_prefill_graph_runs_the_prefill_chunks_on_the_same_cache(tmp_path):
     """An int4 session with the int8 graph for prefills: `prefill` runs through the int8 graph,
     `forward` through int4, on one cache; the cache it leaves is the one a
@@ -516,10 +521,7 @@ def test_a_prefill_graph_runs_the_prefill_chunks_on_the_same_cache(tmp_path):
     ref8.prefill(prefix)
     mixed = FusedDecoderSession(int4, prefill_path=int8, min_step_tokens=1)
     mixed.prefill(prefix)
-    def cached(x):  # [tensor, kv heads, position, dim], the prefix's positions
-        return x._kv.reshape(len(x._kv), x.n_heads, -1, x.head_dim)[:, :, :len(prefix)]
-
-    assert np.array_equal(cached(mixed), cached(ref8))
+    assert np.array_equal(_cached(mixed, len(prefix)), _cached(ref8, len(prefix)))
     one = prefix[:1]
     ref4 = FusedDecoderSession(int4, min_step_tokens=1)
     ref4._kv[:] = ref8._kv  # an int4 session on the int8 prefill's cache
@@ -556,10 +558,9 @@ def test_in_exact_mode_the_last_prefix_token_goes_through_the_main_graph(tmp_pat
         calls = sess.prefill_calls
         first = int(np.argmax(sess.prefill(prefix)))
         assert sess.prefill_calls - calls == (n > 1)  # the prefill graph up to the last token
-        written = sess._kv.reshape(len(sess._kv), sess.n_heads, -1, sess.head_dim)[:, :, :n].copy()
+        written = _cached(sess, n).copy()
         sess.forward(np.array([first]))  # exact mode: (prefix[-1], first) through the int4 graph
-        again = sess._kv.reshape(len(sess._kv), sess.n_heads, -1, sess.head_dim)[:, :, :n]
-        assert np.array_equal(again, written)
+        assert np.array_equal(_cached(sess, n), written)
     for _ in range(6):
         p = rng.integers(0, 96, int(rng.integers(3, 12)))
         sess.reset()

@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from .session import _fast_binding, session_options
+from .session import _fast_binding, exact_pair, session_options
 
 _I64, _I32, _F32 = np.dtype(np.int64), np.dtype(np.int32), np.dtype(np.float32)
 LAYOUT = "sol_control.fused/2"
@@ -189,14 +189,11 @@ class FusedDecoderSession:
         elif T and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab):
             raise ValueError(f"{self.name}: token ids must lie in [0, {self.vocab}), got [{ids.min()}, {ids.max()}]")
         if T == 1 and self.min_step_tokens == 2:  # exact mode: never one row alone
-            if L == 0:  # nothing before it: the token twice, the second dropped
-                self._pair[:] = ids[0]
-                logits = self._run(self._pair, 2, b)[:1]
-                self.rewind(1)
-                return logits
-            self._pair[:] = self.tokens[L - 1], ids[0]
-            self.rewind(L - 1)
-            return self._run(self._pair, 1, b)
+            row = exact_pair(self._pair, self.tokens, L, ids[0])
+            self.rewind(L - row)
+            logits = self._run(self._pair, 2 - row, b)[:1]  # logits from the new token's row on
+            self.rewind(L + 1)
+            return logits
         return self._run(ids, T if rows is None else rows, b)
 
     def prefill(self, prefix: np.ndarray) -> np.ndarray:

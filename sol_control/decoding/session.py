@@ -33,6 +33,17 @@ def session_options(threads: int = 1) -> ort.SessionOptions:
     return opts
 
 
+def exact_pair(pair: np.ndarray, tokens: np.ndarray, L: int, token: int) -> int:
+    """Exact mode's two rows for one new `token` after L cached ones: `pair` = (the token before
+    it, it), or (it, it) when nothing is cached (the copy is dropped after the call). Returns the
+    row that is the new token's: the call starts at cache position L - row and keeps L + 1."""
+    if L:
+        pair[:] = tokens[L - 1], token
+        return 1
+    pair[:] = token
+    return 0
+
+
 def _fast_binding(session: ort.InferenceSession, io: ort.IOBinding):
     """(bind_input, bind_output, run) for CPU buffers given by pointer.
 
@@ -199,14 +210,11 @@ class DecoderSession:
             if lo < 0 or hi >= self.vocab:
                 raise ValueError(f"{self.name}: token ids must lie in [0, {self.vocab}), got [{lo}, {hi}]")
         if T == 1 and self.min_step_tokens == 2:  # exact mode: never one row alone
-            if L == 0:  # nothing before it: the token twice, the second dropped
-                self._pair[:] = ids[0]
-                logits = self._run(self._pair)[:1]
-                self.rewind(1)
-                return logits
-            self._pair[:] = self.tokens[L - 1], ids[0]
-            self.rewind(L - 1)
-            return self._run(self._pair)[1:]
+            row = exact_pair(self._pair, self.tokens, L, ids[0])
+            self.rewind(L - row)
+            logits = self._run(self._pair)[row:row + 1]
+            self.rewind(L + 1)
+            return logits
         return self._run(ids)
 
     def _run(self, ids: np.ndarray) -> np.ndarray:
