@@ -145,9 +145,10 @@ def test_fused_graph_layout(fused, grasp_weights):
     assert props == {"layout": LAYOUT, "precision": "int4", "max_context": "64", "query_pad": "1", "draft_heads": "0"}
     ops = [n.op_type for n in model.graph.node]
     L = grasp_weights.config.n_layers
-    assert ops.count("GroupQueryAttention") == L and ops.count("MatMulNBits") == 5 * L
-    # + 4: the last G+1 rows for the lm_head; + 6: its rows quantized (5 nodes) and scaled (1)
-    assert "MatMul" not in ops and len(ops) == 12 * L + 3 + 4 + 6
+    assert ops.count("GroupQueryAttention") == L and ops.count("MatMulNBits") == 4 * L  # gate and up: one
+    # + 3: the pad's rows from its input and T (Shape, Slice); + 4: the last G+1 rows for the lm_head;
+    # + 6: its rows quantized (5 nodes) and scaled (1)
+    assert "MatMul" not in ops and len(ops) == 12 * L + 3 + 3 + 4 + 6
     kv = next(i for i in model.graph.input if i.name == "past_key_values.0.key")
     assert [d.dim_value for d in kv.type.tensor_type.shape.dim] == [1, 2, 65, 64]  # 64 positions + the pad row
     bits = {n.output[0]: next(a.i for a in n.attribute if a.name == "bits") for n in model.graph.node
@@ -163,7 +164,7 @@ def test_int8_integer_graph(fused, grasp_weights):
     model = onnx.load(str(fused["int8"]))
     ops = [n.op_type for n in model.graph.node]
     L = grasp_weights.config.n_layers
-    assert "MatMulNBits" not in ops and ops.count("MatMulIntegerToFloat") == 5 * L + 1
+    assert "MatMulNBits" not in ops and ops.count("MatMulIntegerToFloat") == 4 * L + 1  # qkv, o, gate and up, down; the head
     assert ops.count("QuantizeLinear") == 4 * L + 1  # per layer: qkv, o, gate|up (shared), down inputs
     init = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
     w = grasp_weights.linear("model.layers.1.mlp.down_proj.weight")  # [out, in]
@@ -231,7 +232,7 @@ def test_int4_blocks_with_float_zero_points_are_written_as_given(tmp_path):
     fp32 = build_decoder(plain, tmp_path / "fp32.onnx", "fp32")
     graph = onnx.load(str(int4)).graph
     zps = [i for i in graph.initializer if i.name.endswith("zero_points")]
-    assert len(zps) == 5 * 2 + 1 and all(z.data_type == onnx.TensorProto.FLOAT for z in zps)
+    assert len(zps) == 4 * 2 + 1 and all(z.data_type == onnx.TensorProto.FLOAT for z in zps)
     ids = rng.integers(0, 96, 20)
     got, want = all_logits(int4, ids, [12, 1, 7]), all_logits(fp32, ids, [12, 1, 7])
     assert np.abs(got - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
@@ -321,6 +322,32 @@ def test_the_session_finds_out_whether_its_rows_are_exact(grasp_weights, fused, 
     for path in (no_pad, b128):
         sess = FusedDecoderSession(path)
         assert not sess.exact_rows() and sess.length == 0
+
+
+def test_the_pad_input_gives_one_token_calls_the_pad_row_and_others_none(grasp_weights, fused, tmp_path):
+    """With the pad as an input (the builder's default) a session runs the pad row in one-token calls
+    only: a multi-token call leaves cache row L+T untouched, a one-token call writes it (zeros over
+    a marker put there); the logits equal those of a graph whose pad is always there, bit for bit."""
+    always = FusedDecoderSession(build_decoder(grasp_weights, tmp_path / "always.onnx", "fp32", pad_input=False))
+    given = FusedDecoderSession(fused["fp32"])
+    assert given._pad_input and not always._pad_input
+    ids = np.random.default_rng(3).integers(4, 1290, 9)
+    for sess in (given, always):
+        sess.prefill(ids[:5])
+    key = given._kv[0].reshape(given.n_heads, -1, given.head_dim)  # layer 0's keys [H, C, D], a view
+    for new in (ids[5:8], ids[8:9]):
+        pad_row = given.length + len(new)
+        key[:, pad_row] = 7.0  # never read by a real row
+        np.testing.assert_array_equal(given.forward(new), always.forward(new))
+        assert np.all(key[:, pad_row] == (0.0 if len(new) == 1 else 7.0)), len(new)
+
+
+def test_a_pad_input_needs_a_cache_row_for_the_pad(fused, tmp_path):
+    model = onnx.load(str(fused["fp32"]))
+    next(p for p in model.metadata_props if p.key == "query_pad").value = "0"
+    onnx.save(model, str(tmp_path / "bad.onnx"))
+    with pytest.raises(ValueError, match="needs metadata query_pad 1"):
+        FusedDecoderSession(tmp_path / "bad.onnx")
 
 
 @pytest.mark.parametrize("query_pad,min_step_tokens", [(True, 1), (False, 2)])

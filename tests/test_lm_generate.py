@@ -108,8 +108,8 @@ def test_int4_weights_equal_gguf_dequantization(tiny):
     for i in range(c.n_layers):
         p = f"model.layers.{i}"
         parts = {f"{p}.self_attn.qkv_proj.weight": [f"{p}.self_attn.{x}_proj.weight" for x in "qkv"],
-                 **{f"{p}.{n}.weight": [f"{p}.{n}.weight"] for n in ("self_attn.o_proj", "mlp.gate_proj",
-                                                                      "mlp.up_proj", "mlp.down_proj")}}
+                 f"{p}.mlp.gate_up_proj.weight": [f"{p}.mlp.{x}_proj.weight" for x in ("gate", "up")],
+                 **{f"{p}.{n}.weight": [f"{p}.{n}.weight"] for n in ("self_attn.o_proj", "mlp.down_proj")}}
         for key, names in parts.items():
             expected, bound = [], []
             for name in names:
@@ -136,9 +136,11 @@ def test_int4_generates_from_its_bundle(tiny, tmp_path):
 
 
 def test_int4_prefills_through_the_int8_graph_when_the_bundle_has_it(tiny, tmp_path):
-    """With int8 beside int4, generate's int4 prompt runs through the int8 graph (`default_prefill`):
-    its tokens are plain greedy on such a session, `--prefill-precision int4` gives the int4
-    graph's own; a prefill precision the bundle lacks is refused."""
+    """With int8 beside int4, generate's int4 prompt runs through the int8 graph where the CPU runs
+    int8 prefills faster (`default_prefill`: not on x86 without VNNI), and the report names the
+    graph: its tokens are plain greedy on a session prefilling through that graph;
+    `--prefill-precision int8` / `int4` pick the graph; a prefill precision the bundle lacks is
+    refused."""
     from sol_control.decoding import greedy, open_decoder
     from sol_control.decoding.session import default_prefill
 
@@ -149,13 +151,20 @@ def test_int4_prefills_through_the_int8_graph_when_the_bundle_has_it(tiny, tmp_p
     prompt = ("--prompt-ids", ",".join(map(str, PROMPTS[2])))
     hybrid = open_decoder(b, "target", "int4", prefill_precision="int8")
     own = open_decoder(b, "target", "int4")
-    got = generate(bundle, tmp_path, *prompt, *args, "--no-draft")["tokens"]
-    assert got == greedy(hybrid, ids, 12, stop_ids=STOPS).tokens
+    want = {"int8": greedy(hybrid, ids, 12, stop_ids=STOPS).tokens, "int4": greedy(own, ids, 12, stop_ids=STOPS).tokens}
     assert hybrid.prefill_calls >= 1 and own.prefill_calls == 0
-    assert default_prefill(b, "target", "int4") == "int8" and default_prefill(b, "target", "int8") is None
-    assert default_prefill(Bundle.load(only_int4), "target", "int4") is None
+    chosen = generate(bundle, tmp_path, *prompt, *args, "--no-draft")
+    assert chosen["prefill_precision"] == (default_prefill(b, "target", "int4") or "int4")
+    assert chosen["tokens"] == want[chosen["prefill_precision"]]
+    picked = generate(bundle, tmp_path, *prompt, *args, "--no-draft", "--prefill-precision", "int8")
+    assert picked["prefill_precision"] == "int8" and picked["tokens"] == want["int8"]
+    avx2, vnni, arm = frozenset({"avx2", "fma"}), frozenset({"avx2", "avx512_vnni"}), frozenset({"asimd"})
+    for flags, int8 in ((avx2, False), (vnni, True), (frozenset({"avx2", "avx_vnni"}), True), (arm, True)):
+        assert default_prefill(b, "target", "int4", flags) == ("int8" if int8 else None), flags
+    assert default_prefill(b, "target", "int8", vnni) is None
+    assert default_prefill(Bundle.load(only_int4), "target", "int4", vnni) is None
     assert generate(bundle, tmp_path, *prompt, *args, "--no-draft", "--prefill-precision", "int4")["tokens"] == \
-        greedy(own, ids, 12, stop_ids=STOPS).tokens
+        want["int4"]
     with pytest.raises(ValueError, match="needs both in the fused layout"):
         open_decoder(Bundle.load(only_int4), "target", "int4", prefill_precision="int8")
 
@@ -171,7 +180,7 @@ def test_symmetric_int4_requantizes_into_symmetric_blocks(tiny, tmp_path):
     model = onnx.load(str(bundle / "target_int4.onnx"))
     init = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     nbits = [n for n in model.graph.node if n.op_type in ("MatMulNBits", "GatherBlockQuantized")]
-    assert len(nbits) == 5 * weights.config.n_layers + 2  # qkv, o, gate, up, down; the head; the embedding
+    assert len(nbits) == 4 * weights.config.n_layers + 2  # qkv, o, gate and up, down; the head; the embedding
     for node in nbits:
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         assert attrs["bits"] == 4 and not node.input[3:], node.name  # no zero points: symmetric

@@ -68,6 +68,7 @@ class TeacherForced:
         self.session = ort.InferenceSession(str(path), session_options(threads), providers=["CPUExecutionProvider"])
         past = [i for i in self.session.get_inputs() if i.name.startswith("past_key_values.")]
         self.zeros = {i.name: np.zeros(i.shape, np.float32) for i in past}
+        self.pad = {i.name: np.ones(1, np.int64) for i in self.session.get_inputs() if i.name == "query_pad"}
 
     def __call__(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         T = len(ids)
@@ -75,7 +76,7 @@ class TeacherForced:
             raise ValueError(f"a sequence of {T} tokens does not fit the graph's {CONTEXT} KV rows")
         feeds = {"input_ids": ids.astype(np.int64)[None], "seqlens_k": np.array([T], np.int32),  # query pad: +1
                  "total_sequence_length": np.array(T + 1, np.int32), "guesses": np.array(T - 1, np.int64),
-                 **self.zeros}
+                 **self.pad, **self.zeros}
         best, h = self.session.run(["argmax", HIDDEN], feeds)
         return h[0], best[0]
 

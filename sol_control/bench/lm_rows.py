@@ -211,7 +211,7 @@ def _row(bundle: Bundle, t: int, name: str, label: str, how: str, lookup: int) -
         return None, "prompt lookup beside a draft runs with draft heads only"
     if how == "lookup" and spec_mode is not None:
         return None, "prompt lookup alone runs on a bundle without a draft model or heads (else: '+ draft')"
-    prefill = default_prefill(bundle, "target", prec)  # int4 rows: through the int8 graph
+    prefill = default_prefill(bundle, "target", prec)  # int4 rows: through the int8 graph where the CPU has VNNI
     row = Row(name, label, spec_mode if how == "draft" else how, t,
               open_decoder(bundle, "target", prec, t, name=f"{name} @{t}t", prefill_precision=prefill),
               lookup=lookup, source=(str(bundle.root), prec))

@@ -1,10 +1,12 @@
 """A decoder in the "fused" graph layout (sol_control.graph.llama) with its KV cache, allocated once.
 
     input_ids [1, T] int64, seqlens_k [1] int32 (= L + T - 1 + p), total_sequence_length [] int32
-    (= L + T + p), guesses [] int64 (G), past_key_values.{i}.key|value [1, H, C, D]
+    (= L + T + p), guesses [] int64 (G), past_key_values.{i}.key|value [1, H, C, D],
+    optional query_pad [1] int64 (p)
       ->  logits [1, G+1, V] (the last G+1 rows), present.{i}.key|value [1, H, C, D],
           with draft heads: accepted [1] int64, head_ids [1, 1, K] int64, probs [1, G+1] float32
-    (p = the graph's `query_pad` metadata, C = max_context + p)
+    (P = the graph's `query_pad` metadata, C = max_context + P; p = 1 if T == 1 else 0 where the
+    graph takes the `query_pad` input, else p = P)
 
 Past and present of each layer are bound to one preallocated buffer of C positions
 (GroupQueryAttention's past_present_share_buffer): a call writes its new rows from L on in place and
@@ -15,19 +17,21 @@ number of rows read changes. `forward(ids, rows)` returns the last `rows` rows' 
 T, at most `max_rows`); `prefill` reads one row, so the lm_head runs once per prefill, not once per
 prefix token, in chunks of up to `max_step_tokens` (512) ids.
 
-With the query pad (the builder's default) a one-token pass gives bit for bit the logits the same
-token gets inside a multi-token verify pass wherever the linears' kernels treat rows alike: fp32 and
-the int8 integer GEMMs on every CPU, 4-bit MatMulNBits (int8 activations) on AVX-512 but not on
-AVX2, whose one-row kernel rounds differently. So a session probes its graph when it opens
+With the query pad (the builder's default; a graph with the pad input gets the pad row in one-token
+calls only) a one-token pass gives bit for bit the logits the same token gets inside a
+multi-token verify pass wherever the linears' kernels treat rows alike: fp32 and the int8 integer
+GEMMs on every CPU, 4-bit MatMulNBits (int8 activations) on AVX-512 but not on AVX2, whose one-row
+kernel rounds differently. So a session probes its graph when it opens
 (`exact_rows()`, unless `min_step_tokens` is given) and falls back to exact mode,
 `min_step_tokens=2` (a lone new token is run with the previous one, a first token twice), where
 rows differ; then speculative decoding still equals plain greedy.
 
 A second graph of the same model for prefills (`prefill_path`, e.g. the int8 graph beside an int4
 one): `prefill` runs through it, on the same KV buffers (both graphs bind [1, kv, C, D] per layer),
-`forward` (decoding steps, verify passes) through the main graph. ONNX Runtime's 4-bit kernel is
-slow on many rows (SmolLM2: a 64-token prefill 241 ms through the int4 graph, 130 ms through the
-int8 one; docs/BENCHMARKS.md). Plain and speculative decoding prefill alike, so speculative still
+`forward` (decoding steps, verify passes) through the main graph. Where the CPU multiplies int8
+with VNNI, ONNX Runtime's 4-bit kernel is the slow one on many rows (SmolLM2: a 64-token prefill
+241 ms through the int4 graph, 130 ms through the int8 one; without VNNI 230 vs 327 ms, so
+`session.default_prefill` picks int8 only with it; docs/BENCHMARKS.md). Plain and speculative decoding prefill alike, so speculative still
 equals plain greedy. In exact mode the last prefix token goes through the main graph (paired with
 the one before it): plain decoding's first step runs it again there, and a verify pass does not,
 so with the prefill graph's numbers in its cache row the two would part (SmolLM2 int4 on an AVX2
@@ -48,6 +52,7 @@ from .session import _fast_binding, exact_pair, session_options
 _I64, _I32, _F32 = np.dtype(np.int64), np.dtype(np.int32), np.dtype(np.float32)
 LAYOUT = "sol_control.fused/2"
 INPUTS = ("input_ids", "seqlens_k", "total_sequence_length", "guesses")
+PAD_INPUT = "query_pad"  # optional: the query pad's rows this call
 
 
 def _expect(ok: bool, where: str, what: str) -> None:
@@ -74,15 +79,18 @@ def check_fused_signature(sess: ort.InferenceSession, where: str) -> tuple[int, 
             past, present = f"past_key_values.{i}.{kind}", f"present.{i}.{kind}"
             _expect(past in inputs and inputs[past].shape == shape, where, f"input {past!r} must be {shape}")
             _expect(present in outputs and outputs[present].shape == shape, where, f"output {present!r} must be {shape}")
-    _expect(len(inputs) == 4 + 2 * n_layers, where, f"unexpected inputs {sorted(inputs)}")
+    if PAD_INPUT in inputs:
+        _expect(inputs[PAD_INPUT].type == "tensor(int64)" and inputs[PAD_INPUT].shape == [1], where,
+                f"input {PAD_INPUT!r} must be int64 [1], got {inputs[PAD_INPUT].type} {inputs[PAD_INPUT].shape}")
+    _expect(len(inputs) == 4 + 2 * n_layers + (PAD_INPUT in inputs), where, f"unexpected inputs {sorted(inputs)}")
     _expect("logits" in outputs and isinstance(outputs["logits"].shape[-1], int), where,
             "output 'logits' [1, T, vocab] with a static vocab is missing")
     return n_layers, shape[1], shape[3], outputs["logits"].shape[-1], shape[2]
 
 
-def graph_traits(sess: ort.InferenceSession, where: str) -> tuple[int, int, int, int, int, int, int, bool]:
-    """A fused graph's (n_layers, kv_heads, head_dim, vocab, capacity C, query_pad, draft heads,
-    has probs), validated: what two graphs on one cache must share."""
+def graph_traits(sess: ort.InferenceSession, where: str) -> tuple[int, int, int, int, int, int, int, bool, bool]:
+    """A fused graph's (n_layers, kv_heads, head_dim, vocab, capacity C, query_pad P, draft heads,
+    has probs, pad is an input), validated: what two graphs on one cache must share."""
     signature = check_fused_signature(sess, where)
     meta = sess.get_modelmeta().custom_metadata_map
     pad = int(meta.get("query_pad", "0"))  # 1: attention runs one extra query row (cache row L+T)
@@ -90,7 +98,11 @@ def graph_traits(sess: ort.InferenceSession, where: str) -> tuple[int, int, int,
         raise ValueError(f"{where}: metadata query_pad must be 0 or 1, got {meta['query_pad']!r}")
     outputs = {o.name: o for o in sess.get_outputs()}
     heads = int(outputs["head_ids"].shape[-1]) if "head_ids" in outputs else 0
-    return (*signature, pad, heads, "probs" in outputs)  # graphs built before `probs` came have none
+    pad_input = PAD_INPUT in {i.name for i in sess.get_inputs()}
+    if pad_input and pad != 1:
+        raise ValueError(f"{where}: a {PAD_INPUT!r} input needs metadata query_pad 1 (a cache row for it), got {pad}")
+    # graphs built before `probs` / the pad input came have neither
+    return (*signature, pad, heads, "probs" in outputs, pad_input)
 
 
 class FusedDecoderSession:
@@ -104,7 +116,7 @@ class FusedDecoderSession:
         self.session = self._open(path, options, threads)
         self._traits = graph_traits(self.session, f"decoder {self.path}")
         (self.n_layers, self.n_heads, self.head_dim, self.vocab, capacity, self._pad, self.draft_heads,
-         self._has_probs) = self._traits
+         self._has_probs, self._pad_input) = self._traits
         capacity -= self._pad
         if max_context is not None and not 0 < max_context <= capacity:
             raise ValueError(f"max_context must be in 1..{capacity} (the graph's KV length), got {max_context}")
@@ -122,6 +134,7 @@ class FusedDecoderSession:
         self._seqlens = np.zeros(1, np.int32)  # L + T - 1 + pad
         self._total = np.zeros((), np.int32)  # L + T + pad
         self._guesses = np.zeros((), np.int64)  # G: logits for the last G + 1 rows
+        self._pad_rows = np.full(1, self._pad, np.int64)  # p this call (read by graphs with the input)
         self.tokens = np.zeros(self.max_context, np.int64)  # the ids whose keys/values are in the cache
         self.length = 0
         self.calls = 0
@@ -135,7 +148,8 @@ class FusedDecoderSession:
             traits = graph_traits(self._prefill.session, f"prefill graph {prefill_path}")
             if traits != self._traits:
                 raise ValueError(f"prefill graph {prefill_path} does not match {self.path}: (layers, kv heads, "
-                                 f"head dim, vocab, capacity, query pad, draft heads, probs) {traits} vs {self._traits}")
+                                 f"head dim, vocab, capacity, query pad, draft heads, probs, pad input) "
+                                 f"{traits} vs {self._traits}")
         for b in (self._main, self._prefill):
             if b is not None:
                 self._bind_static(b, capacity + self._pad)
@@ -161,6 +175,8 @@ class FusedDecoderSession:
         b.bind_in("seqlens_k", _I32, (1,), int(self._seqlens.ctypes.data))
         b.bind_in("total_sequence_length", _I32, (), int(self._total.ctypes.data))
         b.bind_in("guesses", _I64, (), int(self._guesses.ctypes.data))
+        if self._pad_input:
+            b.bind_in(PAD_INPUT, _I64, (1,), int(self._pad_rows.ctypes.data))
         if self.draft_heads:
             b.bind_out("accepted", _I64, (1,), int(self._accepted.ctypes.data))
             b.bind_out("head_ids", _I64, (1, 1, self.draft_heads), int(self._heads.ctypes.data))
@@ -237,8 +253,10 @@ class FusedDecoderSession:
             b.bound = (T, rows)
         self._bound = b.bound
         self._ids[:T] = ids
-        self._seqlens[0] = L + T - 1 + self._pad
-        self._total[()] = L + T + self._pad
+        pad = int(T == 1) if self._pad_input else self._pad  # only a lone row needs the pad
+        self._pad_rows[0] = pad
+        self._seqlens[0] = L + T - 1 + pad
+        self._total[()] = L + T + pad
         self._guesses[()] = rows - 1
         b.run()
         b.calls += 1

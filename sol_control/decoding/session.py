@@ -270,10 +270,32 @@ class DecoderSession:
 FASTER_PREFILL = {"int4": "int8"}  # ONNX Runtime's 4-bit kernel is slow on many rows (docs/BENCHMARKS.md)
 
 
-def default_prefill(bundle, role: str, precision: str) -> str | None:
+def cpu_flags() -> frozenset[str] | None:
+    """The CPU's feature flags (/proc/cpuinfo), None where they cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next((l for l in f if l.startswith(("flags", "Features"))), None)
+    except OSError:
+        return None
+    return frozenset(line.split(":", 1)[1].split()) if line else None
+
+
+def int8_prefill_pays(flags: frozenset[str] | None) -> bool:
+    """Does the int8 graph prefill faster than the int4 one on a CPU with these flags? Not on x86
+    without VNNI, where MLAS's u8 x s8 GEMM multiplies with vpmaddubsw (SmolLM2, a 64-token prefill
+    at 1 thread on an AVX2 host: int8 327 ms, int4 230 ms; with AVX-512 VNNI: int8 130 ms, int4
+    241 ms). Elsewhere, and where the flags are unknown, yes (not measured otherwise). A rule on the
+    CPU, not a timing at open, so that the same bundle gives the same answers on one machine."""
+    return flags is None or "avx2" not in flags or bool(flags & {"avx512_vnni", "avx_vnni"})
+
+
+def default_prefill(bundle, role: str, precision: str, flags: frozenset[str] | None = None) -> str | None:
     """The precision whose graph should prefill for `precision`: int8 for an int4 decoder when the
-    bundle has both as fused graphs (SmolLM2: half the time to first token), else None (its own)."""
+    bundle has both as fused graphs and the CPU (`flags`, default this one's) runs int8 prefills
+    faster (`int8_prefill_pays`; SmolLM2 with VNNI: half the time to first token), else None (its own)."""
     faster = FASTER_PREFILL.get(precision)
+    if faster == "int8" and not int8_prefill_pays(cpu_flags() if flags is None else flags):
+        return None
     fused = faster and bundle.decoder_layout(role, precision) == bundle.decoder_layout(role, faster) == "fused"
     return faster if fused else None
 

@@ -1,20 +1,23 @@
 """Write a Llama decoder for ONNX Runtime (CPU) straight from numpy weights: the "fused" layout.
 
 One graph per precision, built with `onnx` only (no torch, no onnxruntime-genai), from fused
-ONNX Runtime ops: per layer one packed QKV projection, one `GroupQueryAttention` (rotary inside,
+ONNX Runtime ops: per layer one packed QKV projection (and one packed gate/up projection, split
+after: `fuse_gate_up`, one kernel call instead of two), one `GroupQueryAttention` (rotary inside,
 KV cache updated in place), `SkipSimplifiedLayerNormalization` (residual add + RMS norm in one
 node), SiLU as `QuickGelu(alpha=1)`; linears are `MatMul` (fp32), `MatMulNBits` (int4) or
 `MatMulIntegerToFloat` (int8).
-For the grasp target (3 layers) that is 39 nodes (33 without the query pad below) against the
+For the grasp target (3 layers) that is 46 nodes (37 without the query pad below) against the
 Optimum-style export's 125.
 
 Graph I/O, layout "sol_control.fused/2" (batch 1; model metadata: layout, precision, max_context M,
-query_pad p in {0, 1}, draft_heads K; C = M + p, static in the graph):
+query_pad P in {0, 1}: the cache rows kept for the pad, draft_heads K; C = M + P, static in the graph):
 
     input_ids              [1, T]        int64
     seqlens_k              [1]           int32   L + T - 1 + p (L = cached positions before the call)
     total_sequence_length  []            int32   L + T + p
     guesses                []            int64   G: the last G input ids are guesses to verify
+    (optional) query_pad   [1]           int64   p in {0, 1}: the pad's rows this call (graphs
+                                                 without this input: p = P always)
     past_key_values.{i}.key|value  [1, kv_heads, C, head_dim] float32
       -> logits            [1, G+1, vocab] float32   the last G+1 rows only (a prefill needs 1)
          present.{i}.key|value  [1, kv_heads, C, head_dim]  (bind the SAME buffer as the past)
@@ -33,7 +36,7 @@ writes the new keys/values at rows [L, L+T+p) and attends causally over rows [0,
 never copies the cache, and dropping the last n positions (a rejected draft) only means passing a
 smaller L next time. Rotary positions are L.., taken from seqlens_k; the cos/sin tables hold C rows.
 
-Query pad (p = 1, the default): attention gets one extra all-zero query row after the T real ones;
+Query pad (P = 1, the default; p = 1 in a call): attention gets one extra all-zero query row after the T real ones;
 its key/value land in cache row L+T (overwritten by the next call, never attended by a real row)
 and its output is sliced off before o_proj. Why: with a single query row ONNX Runtime computes the
 attention's probs x V product through MLAS's one-row SGEMM kernel (taken when M == 1 and alpha ==
@@ -45,6 +48,10 @@ on constant weights, the norms, MatMulNBits at accuracy level 4 with 4-bit block
 never runs one row, and T=1 rows equal T=k+1 rows bit for bit, for 2 extra nodes a layer (~5 µs a
 call on the grasp target) instead of re-running the previous token (~25 µs a step). Kernel choice
 is ONNX Runtime's and the CPU's: `FusedDecoderSession.exact_rows()` checks it where it runs.
+Only a one-token call needs the pad, so it is an input (`pad_input`, the default): a session passes
+p = 1 when T = 1 and p = 0 otherwise, and verify passes, prefills and exact mode's pairs (every call
+on a CPU whose int4 kernel breaks the rule) run no extra row (SmolLM2 int4 on an AVX2 host, 2
+threads: exact mode's steps 8.90 instead of 9.10 ms a token; docs/BENCHMARKS.md).
 
 Only the rows a caller reads leave the body: a prefill reads its last row, a verify pass of G
 guesses G + 1 rows, so the lm_head runs on G + 1 rows, not T. Draft heads (`weights.heads`, K of
@@ -107,9 +114,9 @@ PRECISIONS = ("fp32", "int4", "int8")
 INT8_KERNELS = ("integer", "nbits")
 INT8_ACTIVATIONS = ("rows", "dual", "static")
 ROW_LEVELS = 64  # int8 activation rows: round(64 x / |row max|) + 64, uint8 in [0, 128] (docstring)
-INPUT_IDS, SEQLENS_K, TOTAL_LEN, GUESSES, LOGITS, ARGMAX, HEAD_IDS, ACCEPTED, PROBS = (
+INPUT_IDS, SEQLENS_K, TOTAL_LEN, GUESSES, LOGITS, ARGMAX, HEAD_IDS, ACCEPTED, PROBS, QUERY_PAD = (
     "input_ids", "seqlens_k", "total_sequence_length", "guesses", "logits", "argmax", "head_ids", "accepted",
-    "probs")
+    "probs", "query_pad")
 OPSET, MS_DOMAIN, IR_VERSION = 21, "com.microsoft", 10
 
 
@@ -130,7 +137,9 @@ class BuildOptions:
     symmetric: bool | None = None  # body blocks without zero points (default: int8 yes, int4 no)
     max_context: int | None = None  # KV buffer length C (default: the config's max_context)
     argmax: bool = False  # add an `argmax` [1, T] output
-    query_pad: bool = True  # attention sees one extra zero query row (see the module docstring)
+    query_pad: bool = True  # attention may see one extra zero query row (see the module docstring)
+    fuse_gate_up: bool = True  # the MLP's gate and up projections as one linear, split after
+    pad_input: bool = True  # with query_pad: the pad's rows (0 or 1) are the `query_pad` input, else always 1
     int4_zero_points: str = "float"  # given Int4Blocks: "float" zero points or "mins" (module docstring)
     int8_kernel: str = "integer"  # int8 linears: "integer" (MatMulIntegerToFloat, rows) or "nbits" (module docstring)
     heads_int8: bool = True  # quantized graphs: the draft heads' weights in int8 too (integer kernel only)
@@ -212,7 +221,7 @@ def _blocks(weights: LlamaWeights, name: str, bits: int, symmetric: bool, opts: 
 def _linear(g: _Writer, x: str, out: str, names: list[str], weights: LlamaWeights, opts: BuildOptions,
             bits: int | None, symmetric: bool = False) -> str:
     """y = x @ concat(W_names).T as MatMul (bits None) or MatMulNBits; several names = one packed linear."""
-    key = names[0] if len(names) == 1 else names[0].replace("q_proj", "qkv_proj")
+    key = names[0] if len(names) == 1 else names[0].replace("q_proj", "qkv_proj").replace("gate_proj", "gate_up_proj")
     if _given_int4(weights, names, opts):
         bits = 4
     if bits is None:
@@ -347,6 +356,19 @@ def _embedding(g: _Writer, weights: LlamaWeights, opts: BuildOptions, ids: str =
     return g.node("Gather", [g.const(name, weights.linear(name)), ids], [out])[0]
 
 
+def _pad_rows(g: _Writer, width: int, from_input: bool) -> None:
+    """The query pad's shared parts: `pad_rows` [1, p, width] zeros (p = the `query_pad` input, or 1)
+    and `pad.t` [1] = T, where each layer's attention output is cut back to the real rows."""
+    for name, value in (("slice_0", 0), ("slice_1", 1), ("slice_2", 2)):
+        g.const(name, np.array([value], np.int64))
+    zeros = np.zeros((1, 1, width), np.float32)
+    if from_input:
+        g.node("Slice", [g.const("pad_row", zeros), "slice_0", QUERY_PAD, "slice_1"], ["pad_rows"])
+    else:
+        g.const("pad_rows", zeros)
+    g.node("Slice", [g.node("Shape", [INPUT_IDS], ["pad.shape"])[0], "slice_1", "slice_2"], ["pad.t"])
+
+
 def _layer(g: _Writer, weights: LlamaWeights, opts: BuildOptions, i: int, x: str, residual: str | None) -> tuple[str, str]:
     """One decoder layer; (MLP output, residual stream before it). `residual` None = first layer."""
     c, p, bits = weights.config, f"model.layers.{i}", opts.body_bits
@@ -360,21 +382,27 @@ def _layer(g: _Writer, weights: LlamaWeights, opts: BuildOptions, i: int, x: str
                                 [f"{p}.ln1", "", "", f"{p}.resid1"], MS_DOMAIN, epsilon=c.rms_norm_eps)
     qkv = _linear(g, h, f"{p}.qkv", [f"{p}.self_attn.{n}_proj.weight" for n in "qkv"], weights, opts, bits, sym)
     pad = "padded_" if opts.query_pad else ""
-    if opts.query_pad:  # [1, T, n] -> [1, T+1, n]: a zero row, written at cache row L+T, overwritten next call
-        qkv = g.node("Concat", [qkv, "pad_row"], [f"{p}.qkv_padded"], axis=1)[0]
+    if opts.query_pad:  # [1, T, n] -> [1, T+p, n]: zero rows, written at cache row L+T, overwritten next call
+        qkv = g.node("Concat", [qkv, "pad_rows"], [f"{p}.qkv_padded"], axis=1)[0]
     attn = g.node("GroupQueryAttention",
                   [qkv, "", "", past_name(i, "key"), past_name(i, "value"), SEQLENS_K, TOTAL_LEN, "cos_cache", "sin_cache"],
                   [f"{p}.{pad}attn", present_name(i, "key"), present_name(i, "value")], MS_DOMAIN,
                   num_heads=c.n_heads, kv_num_heads=c.n_kv_heads, scale=float(c.head_dim ** -0.5),
                   do_rotary=1, rotary_interleaved=0, local_window_size=-1)[0]
     if opts.query_pad:  # drop the pad row's output before o_proj, which then runs on T rows
-        attn = g.node("Slice", [attn, "slice_0", "slice_minus_1", "slice_1"], [f"{p}.attn"])[0]
+        attn = g.node("Slice", [attn, "slice_0", "pad.t", "slice_1"], [f"{p}.attn"])[0]
     o = _linear(g, attn, f"{p}.o", [f"{p}.self_attn.o_proj.weight"], weights, opts, bits, sym)
     ln2 = g.const(f"{p}.post_attention_layernorm.weight", weights.tensors[f"{p}.post_attention_layernorm.weight"])
     h2, _, _, resid2 = g.node("SkipSimplifiedLayerNormalization", [resid, o, ln2],
                               [f"{p}.ln2", "", "", f"{p}.resid2"], MS_DOMAIN, epsilon=c.rms_norm_eps)
-    gate = _linear(g, h2, f"{p}.gate", [f"{p}.mlp.gate_proj.weight"], weights, opts, bits, sym)
-    up = _linear(g, h2, f"{p}.up", [f"{p}.mlp.up_proj.weight"], weights, opts, bits, sym)
+    if opts.fuse_gate_up:  # one linear of 2I outputs, split: one kernel call (and one mins term) instead of two
+        both = _linear(g, h2, f"{p}.gate_up", [f"{p}.mlp.gate_proj.weight", f"{p}.mlp.up_proj.weight"],
+                       weights, opts, bits, sym)
+        split = g.const("mlp.split", np.array([c.intermediate_size] * 2, np.int64))
+        gate, up = g.node("Split", [both, split], [f"{p}.gate", f"{p}.up"], axis=-1)
+    else:
+        gate = _linear(g, h2, f"{p}.gate", [f"{p}.mlp.gate_proj.weight"], weights, opts, bits, sym)
+        up = _linear(g, h2, f"{p}.up", [f"{p}.mlp.up_proj.weight"], weights, opts, bits, sym)
     act = g.node("QuickGelu", [gate], [f"{p}.silu"], MS_DOMAIN, alpha=1.0)[0]  # x * sigmoid(x)
     prod = g.node("Mul", [act, up], [f"{p}.gated"])[0]
     return _linear(g, prod, f"{p}.mlp", [f"{p}.mlp.down_proj.weight"], weights, opts, bits, sym), resid2
@@ -514,7 +542,7 @@ def _lm_head(g: _Writer, x: str, out: str, weights: LlamaWeights, opts: BuildOpt
     return _linear(g, x, out, [weights.lm_head_name], weights, opts, head_bits, head_sym)
 
 
-def _io(weights: LlamaWeights, C: int, argmax: bool) -> tuple[list, list]:
+def _io(weights: LlamaWeights, C: int, argmax: bool, pad_input: bool) -> tuple[list, list]:
     from onnx import TensorProto, helper
 
     c = weights.config
@@ -523,6 +551,8 @@ def _io(weights: LlamaWeights, C: int, argmax: bool) -> tuple[list, list]:
               helper.make_tensor_value_info(SEQLENS_K, TensorProto.INT32, [1]),
               helper.make_tensor_value_info(TOTAL_LEN, TensorProto.INT32, []),
               helper.make_tensor_value_info(GUESSES, TensorProto.INT64, [])]
+    if pad_input:
+        inputs.append(helper.make_tensor_value_info(QUERY_PAD, TensorProto.INT64, [1]))
     outputs = [helper.make_tensor_value_info(LOGITS, TensorProto.FLOAT, [1, "R", c.vocab_size])]
     for i in range(c.n_layers):
         for kind in ("key", "value"):
@@ -551,9 +581,7 @@ def build_graph(weights: LlamaWeights, opts: BuildOptions):
     g.const("cos_cache", cos)
     g.const("sin_cache", sin)
     if pad:
-        g.const("pad_row", np.zeros((1, 1, (c.n_heads + 2 * c.n_kv_heads) * c.head_dim), np.float32))
-        for name, value in (("slice_0", 0), ("slice_minus_1", -1), ("slice_1", 1)):
-            g.const(name, np.array([value], np.int64))
+        _pad_rows(g, (c.n_heads + 2 * c.n_kv_heads) * c.head_dim, opts.pad_input)
     x, residual = _embedding(g, weights, opts), None
     for i in range(c.n_layers):
         x, residual = _layer(g, weights, opts, i, x, residual)
@@ -569,7 +597,7 @@ def build_graph(weights: LlamaWeights, opts: BuildOptions):
         g.const("rows.axis_last", np.array([-1], np.int64))
         softmax = g.node("Softmax", [LOGITS], ["rows.softmax"], axis=-1)[0]
         g.node("ReduceMax", [softmax, "rows.axis_last"], [PROBS], keepdims=0)
-    inputs, outputs = _io(weights, C, opts.argmax)
+    inputs, outputs = _io(weights, C, opts.argmax, bool(pad and opts.pad_input))
     graph = helper.make_graph(g.nodes, "decoder", inputs, outputs, initializer=g.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)],
                               producer_name="sol_control.graph.llama", ir_version=IR_VERSION)

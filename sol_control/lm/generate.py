@@ -37,6 +37,7 @@ class Generation:
     stopped: bool  # ended on a stop id (else on max_new_tokens)
     mode: str  # "plain", "draft", "heads" or "lookup"
     precision: str = "fp32"
+    prefill_precision: str = "fp32"  # the graph that prefilled the prompt
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -97,7 +98,7 @@ def generate(bundle: Bundle, prefix: list[int], max_new_tokens: int, precision: 
              prefill_precision: str | None = None) -> Generation:
     """Greedy tokens after `prefix` from a verified bundle; speculative when it has a draft (or
     draft heads, or `lookup` > 0) and `use_draft`. The prompt is prefilled through `prefill_precision`'s graph
-    (default: `default_prefill`, int8 for an int4 target)."""
+    (default: `default_prefill`'s, int8 for an int4 target where that prefills faster on this CPU)."""
     from sol_control.decoding import open_decoder
     from sol_control.decoding.session import default_prefill
 
@@ -126,6 +127,7 @@ def generate(bundle: Bundle, prefix: list[int], max_new_tokens: int, precision: 
     else:
         gen = plain_greedy(target, ids, max_new_tokens, stops, on_token)
     gen.precision = precision
+    gen.prefill_precision = prefill or precision
     return gen
 
 
@@ -172,7 +174,7 @@ def add_arguments(p) -> None:
                    help="the target's precision (default fp32)")
     p.add_argument("--prefill-precision", choices=("fp32", "int8", "int4"), default=None,
                    help="the graph that prefills the prompt (default: int8 for an int4 target when the bundle "
-                        "has it, else the target's own; give the target's precision to keep its own)")
+                        "has it, except on x86 CPUs without VNNI, else the target's own)")
     p.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads")
     p.add_argument("--lookup", type=int, default=0,
                    help="up to N prompt-lookup guesses where the text repeats (0 = off): beside the draft "
@@ -195,13 +197,13 @@ def run(args) -> int:
     if tok is None:
         print(",".join(str(t) for t in gen.tokens))
     tps = gen.decode_tokens_per_s
-    print(f"\n[{gen.mode}, {gen.precision}] prompt {len(ids)} tokens, {len(gen.tokens)} new"
+    print(f"\n[{gen.mode}, {gen.precision}, prefill {gen.prefill_precision}] prompt {len(ids)} tokens, {len(gen.tokens)} new"
           f"{' (stop id)' if gen.stopped else ''}; TTFT {gen.ttft_ms:.1f} ms, decode {tps:.1f} tokens/s, "
           f"mean accepted {gen.mean_accepted:.2f} per step", file=sys.stderr)
     if args.json:
         report = {"tokens": gen.tokens, "ttft_ms": round(gen.ttft_ms, 3),
                   "decode_tokens_per_s": None if math.isnan(tps) else round(tps, 3),
                   "mean_accepted": round(gen.mean_accepted, 4), "stopped": gen.stopped, "mode": gen.mode,
-                  "precision": gen.precision, "prompt_tokens": len(ids)}
+                  "precision": gen.precision, "prefill_precision": gen.prefill_precision, "prompt_tokens": len(ids)}
         Path(args.json).write_text(json.dumps(report) + "\n")
     return 0
