@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT))
 
 import lm_selfdistill as D  # noqa: E402
+from sol_control.graph.llama import QUERY_PAD  # noqa: E402
 
 CONTEXT = 1024  # KV rows of the graph built here: longer than any example (prompt + answer)
 LOOKUP = 8  # prompt-lookup guesses while answering (bench lm's "+ lookup" rows)
@@ -68,7 +69,7 @@ class TeacherForced:
         self.session = ort.InferenceSession(str(path), session_options(threads), providers=["CPUExecutionProvider"])
         past = [i for i in self.session.get_inputs() if i.name.startswith("past_key_values.")]
         self.zeros = {i.name: np.zeros(i.shape, np.float32) for i in past}
-        self.pad = {i.name: np.ones(1, np.int64) for i in self.session.get_inputs() if i.name == "query_pad"}
+        self.pad = {i.name: np.ones(1, np.int64) for i in self.session.get_inputs() if i.name == QUERY_PAD}
 
     def __call__(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         T = len(ids)

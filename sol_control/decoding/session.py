@@ -12,6 +12,7 @@ call compacts the kept rows into the other buffer with one copy, no allocation.
 """
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -270,8 +271,9 @@ class DecoderSession:
 FASTER_PREFILL = {"int4": "int8"}  # ONNX Runtime's 4-bit kernel is slow on many rows (docs/BENCHMARKS.md)
 
 
+@functools.cache
 def cpu_flags() -> frozenset[str] | None:
-    """The CPU's feature flags (/proc/cpuinfo), None where they cannot be read."""
+    """The CPU's feature flags (/proc/cpuinfo, read once), None where they cannot be read."""
     try:
         with open("/proc/cpuinfo") as f:
             line = next((l for l in f if l.startswith(("flags", "Features"))), None)
