@@ -92,17 +92,23 @@ def speculative(target, draft, prefix: np.ndarray, max_new_tokens: int, stop_ids
     return Generation(tokens, s.ttft_ms, s.wall_ms - s.ttft_ms, s.mean_accepted, tokens[-1] in stop_ids, mode)
 
 
+AUTO = "auto"  # --precision: the fastest quantized graph for this CPU (decoding.session.fast_precision)
+
+
 def generate(bundle: Bundle, prefix: list[int], max_new_tokens: int, precision: str | None = None,
              use_draft: bool = True, threads: int = 1,
              on_token: Callable[[int], None] = lambda t: None, lookup: int = 0,
              prefill_precision: str | None = None) -> Generation:
     """Greedy tokens after `prefix` from a verified bundle; speculative when it has a draft (or
-    draft heads, or `lookup` > 0) and `use_draft`. The prompt is prefilled through `prefill_precision`'s graph
-    (default: `default_prefill`'s, int8 for an int4 target where that prefills faster on this CPU)."""
+    draft heads, or `lookup` > 0) and `use_draft`. `precision` "auto": `fast_precision`'s choice for
+    this CPU. The prompt is prefilled through `prefill_precision`'s graph (default: `default_prefill`'s,
+    int8 for an int4 target where that prefills faster on this CPU)."""
     from sol_control.decoding import open_decoder
-    from sol_control.decoding.session import default_prefill
+    from sol_control.decoding.session import default_prefill, fast_precision
 
     m = bundle.manifest
+    if precision == AUTO:
+        precision = fast_precision(bundle)
     precision = precision or ("fp32" if "fp32" in m.target.precisions else m.target.precisions[0])
     if precision not in m.target.precisions:
         raise ValueError(f"--precision {precision!r}: the bundle's target has {list(m.target.precisions)}")
@@ -170,8 +176,9 @@ def add_arguments(p) -> None:
     what.add_argument("--prompt-ids", help="token ids, comma separated")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--no-draft", action="store_true", help="plain greedy even when the bundle has a draft")
-    p.add_argument("--precision", choices=("fp32", "int8", "int4"), default=None,
-                   help="the target's precision (default fp32)")
+    p.add_argument("--precision", choices=("fp32", "int8", "int4", AUTO), default=None,
+                   help="the target's precision (default fp32); auto: the bundle's fastest quantized graph "
+                        "on this CPU (int8 with VNNI, else int4)")
     p.add_argument("--prefill-precision", choices=("fp32", "int8", "int4"), default=None,
                    help="the graph that prefills the prompt (default: int8 for an int4 target when the bundle "
                         "has it, except on x86 CPUs without VNNI, else the target's own)")
