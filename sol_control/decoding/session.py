@@ -302,6 +302,11 @@ def default_prefill(bundle, role: str, precision: str, flags: frozenset[str] | N
     return faster if fused else None
 
 
+def reference_precision(spec) -> str:
+    """A decoder's default precision: fp32 where it has it, else its first."""
+    return "fp32" if "fp32" in spec.precisions else spec.precisions[0]
+
+
 def fast_precision(bundle, role: str = "target", flags: frozenset[str] | None = None) -> str:
     """The precision that decodes fastest on this CPU (`flags`, default this one's), among the
     bundle's fused graphs: int8 where the integer GEMM is fast (`int8_prefill_pays`: its wide
@@ -312,7 +317,7 @@ def fast_precision(bundle, role: str = "target", flags: frozenset[str] | None = 
     spec = bundle.manifest.target if role == "target" else bundle.manifest.draft
     order = ("int8", "int4") if int8_prefill_pays(cpu_flags() if flags is None else flags) else ("int4", "int8")
     fused = [p for p in order if bundle.decoder_layout(role, p) == "fused"]
-    return fused[0] if fused else "fp32" if "fp32" in spec.precisions else spec.precisions[0]
+    return fused[0] if fused else reference_precision(spec)
 
 
 def open_decoder(bundle, role: str, precision: str, threads: int = 1, name: str = "",

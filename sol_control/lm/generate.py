@@ -104,12 +104,10 @@ def generate(bundle: Bundle, prefix: list[int], max_new_tokens: int, precision: 
     this CPU. The prompt is prefilled through `prefill_precision`'s graph (default: `default_prefill`'s,
     int8 for an int4 target where that prefills faster on this CPU)."""
     from sol_control.decoding import open_decoder
-    from sol_control.decoding.session import default_prefill, fast_precision
+    from sol_control.decoding.session import default_prefill, fast_precision, reference_precision
 
     m = bundle.manifest
-    if precision == AUTO:
-        precision = fast_precision(bundle)
-    precision = precision or ("fp32" if "fp32" in m.target.precisions else m.target.precisions[0])
+    precision = fast_precision(bundle) if precision == AUTO else precision or reference_precision(m.target)
     if precision not in m.target.precisions:
         raise ValueError(f"--precision {precision!r}: the bundle's target has {list(m.target.precisions)}")
     if max_new_tokens < 1:
