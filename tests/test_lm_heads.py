@@ -256,27 +256,52 @@ def test_training_prompts_hold_out_the_benchmark_workload():
     assert D.chat_prompts(50, seed=0) == chats[:50]  # deterministic for a seed
 
 
-def test_selfdistill_graph_answers_with_the_symmetric_graphs_own_tokens_and_rows(tiny, tmp_path):
-    """tools/lm_selfdistill_graph.py on the tiny model: each prompt's new answer is the symmetric
-    int4 graph's plain greedy (as `generate` decodes a symmetric import), the prefill's argmaxes equal
-    it, and hidden row i is the graph's last row after prompt + answer[:i] (whose argmax is token i)."""
+@pytest.mark.parametrize("precision, with_heads", [("int4", False), ("int8", True)])
+def test_selfdistill_graph_answers_with_the_graphs_own_tokens_and_rows(tiny, tmp_path, precision, with_heads):
+    """tools/lm_selfdistill_graph.py on the tiny model: each prompt's new answer is the graph's plain
+    greedy (the symmetric int4 graph as `generate` decodes a symmetric import; the int8 graph, here
+    answered through a graph with draft heads, as `generate --no-draft` decodes the int8 bundle), the
+    prefill's argmaxes equal it, and hidden row i is the graph's last row after prompt + answer[:i]
+    (whose argmax is token i)."""
     R, D = _tool("lm_selfdistill_graph"), _tool("lm_selfdistill")
-    path = tiny[0]
-    graph = R.hidden_graph(path, "symmetric", tmp_path / "graph.onnx")
-    model, answer = R.TeacherForced(graph, 1), R.Answerer(graph, 1, STOPS, 10)
-    old = D.Examples.build(PROMPTS, [[3, 4]] * len(PROMPTS), [D.CHAT] * len(PROMPTS))  # answers to replace
-    new, same = R.answer_again(old, answer, model)
+    path, heads = tiny[0], tiny[1]
+    graph = R.build(path, precision, "symmetric", tmp_path / "graph.onnx")
+    fast = R.build(path, precision, "symmetric", tmp_path / "heads.onnx", heads) if with_heads else graph
+    model, answer = R.TeacherForced(graph, 1), R.Answerer(fast, 1, STOPS, 10)
+    prompts = [np.array(p, np.int64) for p in PROMPTS]
+    new, same = R.answer_again(prompts, [D.CHAT] * len(PROMPTS), answer, model)
     assert same == new.answer_tokens() and new.hidden.shape == (new.answer_tokens(), tiny[3].config.hidden_size)
-    sym = tmp_path / "sym"
-    assert main(["import", str(path), "--out", str(sym), "--quantize", "int4", "--int4-mode", "symmetric"]) == 0
+    if precision == "int4":
+        bundle = tmp_path / "sym"
+        assert main(["import", str(path), "--out", str(bundle), "--quantize", "int4", "--int4-mode", "symmetric"]) == 0
+    else:
+        bundle = tiny[2]
     starts = np.cumsum([0, *new.answer_lengths()])
     for i, prompt in enumerate(PROMPTS):
         assert new.sequence(i)[:len(prompt)].tolist() == prompt
-        plain = generate(sym, tmp_path, prompt, "--precision", "int4", "--max-new-tokens", "10")["tokens"]
-        assert new.answer(i).tolist() == plain
-        for j in (0, len(plain) - 1):
-            h, _ = model(np.array(prompt + plain[:j], np.int64))
+        plain = generate(bundle, tmp_path, prompt, "--precision", precision, "--no-draft", "--max-new-tokens", "10")
+        assert new.answer(i).tolist() == plain["tokens"]
+        for j in (0, len(plain["tokens"]) - 1):
+            h, _ = model(np.array(prompt + plain["tokens"][:j], np.int64))
             np.testing.assert_allclose(new.hidden[starts[i] + j].astype(np.float32), h[-1], rtol=2e-3, atol=2e-3)
+
+
+def test_selfdistill_graph_makes_its_own_chat_prompts_in_shards(tiny):
+    """--chat N: lm_selfdistill's N chat prompts (same seed), chat-templated, CHAT_SHARD a shard, in order."""
+    from sol_control.lm.gguf_reader import open_gguf
+    from sol_control.lm.tokenizer import read_gguf_tokenizer
+
+    R, D = _tool("lm_selfdistill_graph"), _tool("lm_selfdistill")
+    tok = read_gguf_tokenizer(open_gguf(tiny[0]))
+    args = R.argparse.Namespace(chat=R.CHAT_SHARD + 7, seed=0, data=Path("/nonexistent"))
+    shards = R.shard_prompts(args, tok)
+    assert list(shards) == ["shard_000.npz", "shard_001.npz"]
+    assert [len(ids) for ids, _ in shards.values()] == [R.CHAT_SHARD, 7]
+    assert all(k == [D.CHAT] * len(ids) for ids, k in shards.values())
+    chats = D.chat_prompts(R.CHAT_SHARD + 7, seed=0)
+    assert shards["shard_001.npz"][0][-1].tolist() == tok.encode_chat(chats[-1])
+    with pytest.raises(SystemExit, match="no shard_"):
+        R.shard_prompts(R.argparse.Namespace(chat=0, seed=0, data=Path("/nonexistent")), tok)
 
 
 @pytest.mark.parametrize("name, k", [("smollm2_heads_k3.npz", 3), ("smollm2_symmetric_heads_k2.npz", 2)])

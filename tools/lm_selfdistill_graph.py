@@ -1,6 +1,7 @@
 """Draft-head data for another target graph of SmolLM2 (dev-only): the prompts of
-tools/lm_selfdistill.py answered again by the int4 graph of an `--int4-mode` such as "symmetric"
-(ONNX Runtime GenAI's recipe, which `sol-control bench lm` imports beside the exact one).
+tools/lm_selfdistill.py answered again by a quantized graph: the int4 graph of an `--int4-mode` such
+as "symmetric" (ONNX Runtime GenAI's recipe, which `sol-control bench lm` imports beside the exact
+one), or with `--precision int8` the int8 graph (the ultrafast one on CPUs with VNNI).
 
 The heads of `make lm-heads` learn what the fp32 target says, from its hidden states. A re-quantized
 target says other things: read teacher-forced over fp32's answers, the symmetric graph's argmax
@@ -14,6 +15,14 @@ the fp32 ones.
 
     python tools/lm_selfdistill_graph.py --int4-mode symmetric --out .work/lm/heads_data_symmetric
     python tools/train_lm_heads.py train --data .work/lm/heads_data_symmetric ...
+
+`--chat N` needs no fp32 shards (and no torch): it makes the N chat prompts of
+tools/lm_selfdistill.py itself (the same seed, held out from the workload the same way), in shards
+of `CHAT_SHARD`. `--heads H.npz` answers through a graph with those draft heads attached: the same
+tokens (speculate_heads is lossless), ~2x sooner; the hidden rows come from the graph without them.
+
+    python tools/lm_selfdistill_graph.py --precision int8 --chat 3000 --heads models/lm/smollm2_heads_k3.npz \
+        --out .work/lm/heads_data_int8
 
 Shards are written as they are made, one per input shard, and the ones already there are kept.
 """
@@ -38,22 +47,26 @@ from sol_control.graph.llama import QUERY_PAD  # noqa: E402
 CONTEXT = 1024  # KV rows of the graph built here: longer than any example (prompt + answer)
 LOOKUP = 8  # prompt-lookup guesses while answering (bench lm's "+ lookup" rows)
 HIDDEN = "final_norm"  # the graph's last normed hidden state, every row (graph.llama.build_graph)
+CHAT_SHARD = 100  # --chat: prompts a shard
 
 
-def hidden_graph(gguf: Path, int4_mode: str, path: Path) -> Path:
-    """The int4 graph of `int4_mode` as `sol-control import` builds it (no heads), with its final
-    hidden state as an extra output."""
+def build(gguf: Path, precision: str, int4_mode: str, path: Path, heads: Path | None = None) -> Path:
+    """The `precision` graph (int4: of `int4_mode`) as `sol-control import` builds it: without heads
+    with its final hidden state as an extra output, else with the draft heads of `heads` attached."""
     import onnx
     from onnx import TensorProto, helper
 
     from sol_control.graph.llama import BuildOptions, build_graph
     from sol_control.lm.gguf_reader import read_gguf_weights
-    from sol_control.lm.importer import graph_inputs
+    from sol_control.lm.importer import _attach_heads, graph_inputs, read_heads
 
-    weights, options = graph_inputs(read_gguf_weights(gguf), "int4", CONTEXT, int4_mode)
-    model = build_graph(weights, BuildOptions(precision="int4", argmax=True, **options))
-    size = weights.config.hidden_size
-    model.graph.output.append(helper.make_tensor_value_info(HIDDEN, TensorProto.FLOAT, [1, "T", size]))
+    weights, options = graph_inputs(read_gguf_weights(gguf), precision, CONTEXT, int4_mode)
+    if heads is not None:
+        _attach_heads(weights, read_heads(heads), heads)
+    model = build_graph(weights, BuildOptions(precision=precision, argmax=True, **options))
+    if heads is None:
+        size = weights.config.hidden_size
+        model.graph.output.append(helper.make_tensor_value_info(HIDDEN, TensorProto.FLOAT, [1, "T", size]))
     onnx.save(model, str(path))
     return path
 
@@ -101,70 +114,96 @@ class Answerer:
         return np.array(result.tokens, np.int64)
 
 
-def answer_again(ex: D.Examples, answer: Answerer, model: TeacherForced) -> tuple[D.Examples, int]:
-    """ex's prompts with the graph's own answers and hidden rows (the row of answer token i: the one
+def answer_again(prompts: list[np.ndarray], kinds: list[int], answer: Answerer,
+                 model: TeacherForced) -> tuple[D.Examples, int]:
+    """The prompts with the graph's own answers and hidden rows (the row of answer token i: the one
     at prompt + i - 1); and how many of the rows' argmaxes equal the answer."""
-    prompts, answers, hidden, same = [], [], [], 0
-    for i in range(len(ex)):
-        prompt = ex.sequence(i)[:int(ex.prompt_len[i])]
+    answers, hidden, same = [], [], 0
+    for prompt in prompts:
         a = answer(prompt)
         h, best = model(np.concatenate([prompt, a[:-1]]))
         same += int((best[len(prompt) - 1:] == a).sum())
-        prompts.append(prompt.tolist())
         answers.append(a.tolist())
         hidden.append(h[len(prompt) - 1:])
-    return D.Examples.build(prompts, answers, ex.kind.tolist(), hidden), same
+    return D.Examples.build([p.tolist() for p in prompts], answers, kinds, hidden), same
+
+
+def shard_prompts(args, tok) -> dict[str, tuple[list[np.ndarray], list[int]]]:
+    """{shard name: (prompt ids, kinds)}: --data's shards' prompts, or --chat's own in shards of CHAT_SHARD."""
+    if not args.chat:
+        shards = sorted(args.data.glob("shard_*.npz"))
+        if not shards:
+            raise SystemExit(f"no shard_*.npz in {str(args.data)!r}: run tools/lm_selfdistill.py first, or "
+                             f"give --chat N")
+        out = {}
+        for shard in shards:
+            ex = D.Examples.load(shard)
+            out[shard.name] = ([ex.sequence(i)[:int(ex.prompt_len[i])] for i in range(len(ex))], ex.kind.tolist())
+        return out
+    chats = D.chat_prompts(args.chat, args.seed)
+    hits = D.held_out_overlap([m["content"] for c in chats for m in c], D.workload_texts())
+    if hits:
+        raise SystemExit(f"{len(hits)} prompts overlap the held-out workload, e.g. {hits[0]}")
+    ids = [np.array(tok.encode_chat(c), np.int64) for c in chats]
+    return {f"shard_{k // CHAT_SHARD:03d}.npz": (ids[k:k + CHAT_SHARD], [D.CHAT] * len(ids[k:k + CHAT_SHARD]))
+            for k in range(0, len(ids), CHAT_SHARD)}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gguf", type=Path, default=D.GGUF)
     ap.add_argument("--data", type=Path, default=D.DATA, help="tools/lm_selfdistill.py's shards")
-    ap.add_argument("--int4-mode", default="symmetric")
+    ap.add_argument("--chat", type=int, default=0, help="make N chat prompts here instead of reading --data")
+    ap.add_argument("--seed", type=int, default=0, help="--chat's prompts (lm_selfdistill's --seed)")
+    ap.add_argument("--precision", choices=("int4", "int8"), default="int4")
+    ap.add_argument("--int4-mode", default="symmetric", help="with --precision int4")
+    ap.add_argument("--heads", type=Path, default=None, help="answer with these draft heads (faster, same tokens)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--max-new", type=int, default=160, help="answer budget (lm_selfdistill's --max-new-chat)")
     ap.add_argument("--reverse", action="store_true", help="walk the shards from the last (a second process)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    shards = sorted(args.data.glob("shard_*.npz"))
-    if not shards:
-        raise SystemExit(f"no shard_*.npz in {str(args.data)!r}: run tools/lm_selfdistill.py first")
-    with tempfile.TemporaryDirectory() as tmp:
-        from sol_control.lm.gguf_reader import open_gguf
-        from sol_control.lm.tokenizer import read_gguf_tokenizer
+    from sol_control.lm.gguf_reader import open_gguf
+    from sol_control.lm.tokenizer import read_gguf_tokenizer
 
-        graph = hidden_graph(args.gguf, args.int4_mode, Path(tmp) / "graph.onnx")
+    tok = read_gguf_tokenizer(open_gguf(args.gguf))
+    shards = shard_prompts(args, tok)
+    with tempfile.TemporaryDirectory() as tmp:
+        graph = build(args.gguf, args.precision, args.int4_mode, Path(tmp) / "graph.onnx")
+        fast = graph if args.heads is None else build(args.gguf, args.precision, args.int4_mode,
+                                                      Path(tmp) / "heads.onnx", args.heads)
         model = TeacherForced(graph, args.threads)
-        answer = Answerer(graph, args.threads, read_gguf_tokenizer(open_gguf(args.gguf)).stop_ids, args.max_new)
+        answer = Answerer(fast, args.threads, tok.stop_ids, args.max_new)
         t0 = time.monotonic()
-        for shard in (reversed(shards) if args.reverse else shards):
-            dst = args.out / shard.name
+        for name in (reversed(list(shards)) if args.reverse else shards):
+            dst = args.out / name
             if dst.exists():
                 continue
-            ex = D.Examples.load(shard)
-            new, same = answer_again(ex, answer, model)
+            new, same = answer_again(*shards[name], answer, model)
             dst.with_suffix(".json").write_text(json.dumps({"answer_tokens": new.answer_tokens(), "equal": same}))
-            part = args.out / f".{shard.name}"  # not a shard_*.npz until complete
+            part = args.out / f".{name}"  # not a shard_*.npz until complete
             new.save(part)
             part.rename(dst)
-            print(f"lm_selfdistill_graph {time.monotonic() - t0:7.1f} s: {shard.name} ({len(ex)} answers, "
+            print(f"lm_selfdistill_graph {time.monotonic() - t0:7.1f} s: {name} ({len(new)} answers, "
                   f"{new.answer_tokens()} tokens, {same / new.answer_tokens():.2%} of prefill argmaxes equal them)",
                   flush=True)
-    write_meta(args, shards)
+    write_meta(args, len(shards))
     return 0
 
 
-def write_meta(args, shards: list[Path]) -> None:
+def write_meta(args, n_shards: int) -> None:
     """meta.json once every shard is written: sizes, and how many prefill argmaxes equal the answers."""
     new_shards = sorted(args.out.glob("shard_*.npz"))
-    if len(new_shards) < len(shards):
+    if len(new_shards) < n_shards:
         return  # the other process writes it
     counts = [json.loads(p.with_suffix(".json").read_text()) for p in new_shards]
     tokens = sum(c["answer_tokens"] for c in counts)
-    meta = {"source": str(args.data), "int4_mode": args.int4_mode, "answer_tokens": tokens,
+    source = {"chat_prompts": args.chat, "seed": args.seed} if args.chat else {"source": str(args.data)}
+    graph = {"precision": args.precision, **({"int4_mode": args.int4_mode} if args.precision == "int4" else {})}
+    meta = {**source, **graph, "answer_tokens": tokens,
             "agreement": round(sum(c["equal"] for c in counts) / tokens, 6), "max_new": args.max_new,
-            "lookup": LOOKUP}
+            "lookup": LOOKUP, "answered_with_heads": str(args.heads) if args.heads else None}
     (args.out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
