@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from sol_control.bench import lm_bench, lm_report, lm_rows
-from sol_control.bench.lm_rows import Conversation
+from sol_control.bench.lm_rows import Conversation, Run
 from sol_control.bundle import Bundle
 from sol_control.cli import main
 from sol_control.lm.gguf_writer import write_llama_gguf
@@ -26,12 +26,13 @@ from sol_control.lm.tiny import CHATML, random_llama, tiny_config, tiny_vocab
 from sol_control.lm.tokenizer import LMTokenizer, build_bpe
 
 KEYS = {"ultrafast_vs_standard_tokens", "ultrafast_vs_standard_tokens_by_threads", "ultrafast_vs_standard_loop",
+        "ultrafast_vs_standard_tokens_pooled", "ultrafast_vs_standard_tokens_pooled_by_threads",
         "ultrafast_vs_standard_loop_by_threads", "ultrafast_row", "vs_best_peer", "vs_best_peer_note", "lossless",
         "lossless_detail", "ceiling_tokens", "ceiling", "verify_ms", "agreement", "agreement_int8_vs_fp32",
         "agreement_int4_vs_fp32", "energy", "rss_basis", "machine", "date", "rows", "skipped_rows", "peers",
         "workload", "bundle", "threads", "notes", "vs_best_peer_paired", "vs_best_peer_paired_by_threads", "paired",
         "vs_best_peer_paired_note"}
-ROW_KEYS = {"name", "precision", "mode", "threads", "decode_tokens_per_s", "ttft_ms", "tokens_per_s_with_prefill",
+ROW_KEYS = {"name", "precision", "mode", "threads", "decode_tokens_per_s", "decode_tokens_per_s_pooled", "ttft_ms", "tokens_per_s_with_prefill",
             "mean_accepted", "loop_s", "cpu_s_per_query", "joules_per_query", "rss_mb", "rss_delta_mb", "outputs"}
 NAMES = ["standard", "int8 plain", "int4 plain", "fp32 + draft", "int8 + draft", "int4 + draft",
          "int4-symmetric plain", "int4-symmetric + draft"]  # the last two: the second, symmetric import
@@ -70,6 +71,10 @@ def test_summary_has_every_key_and_row(bench):
     # ultrafast: the bundle's own int8 / int4 graphs, never the re-quantized symmetric one
     assert set(s["ultrafast_row"]) == {"1", "2"} and s["ultrafast_row"]["1"] in ("int8 + draft", "int4 + draft")
     assert s["ultrafast_vs_standard_tokens"] == s["ultrafast_vs_standard_tokens_by_threads"]["1"]
+    by = {(r["name"], r["threads"]): r for r in s["rows"]}
+    uf, std = by[s["ultrafast_row"]["1"], 1], by["standard", 1]
+    assert s["ultrafast_vs_standard_tokens_pooled"] == pytest.approx(
+        uf["decode_tokens_per_s_pooled"] / std["decode_tokens_per_s_pooled"])
     assert s["vs_best_peer"] is None and s["vs_best_peer_note"] == "--no-peers"
     assert s["vs_best_peer_paired"] is None and s["vs_best_peer_paired_note"] == "not run: no peer row"
     assert s["energy"]["basis"] in ("measured", "estimated") and s["energy"]["assumption"]
@@ -344,6 +349,14 @@ def test_first_difference_and_agreement():
     assert a["first_difference_median"] == 1.5
     same = lm_report.agreement([[1, 2], [3]], [[1, 2], [3]])
     assert same["tokens_equal_share"] == same["answers_equal_share"] == 1.0 and same["first_difference_median"] is None
+
+
+def test_pooled_rate_is_all_tokens_over_all_time_not_the_median_prompts():
+    runs = [Run([1] * 11, 5.0, 105.0, 0.0, 5), Run([1] * 3, 5.0, 105.0, 0.0, 2), Run([1] * 5, 5.0, 45.0, 0.0, 3)]
+    # per prompt 100, 20 and 100 tok/s: median 100; pooled (10 + 2 + 4) tokens / (100 + 100 + 40) ms
+    assert [r.decode_tokens_per_s for r in runs] == pytest.approx([100.0, 20.0, 100.0])
+    assert lm_report.pooled_rate(runs) == pytest.approx(16 / 240 * 1e3)
+    assert lm_report.pooled_rate([Run([1], 5.0, 5.0, 0.0, 0)]) is None  # one token: no decode time
 
 
 def test_ceiling_formula():
