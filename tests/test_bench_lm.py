@@ -32,8 +32,8 @@ KEYS = {"ultrafast_vs_standard_tokens", "ultrafast_vs_standard_tokens_by_threads
         "agreement_int4_vs_fp32", "energy", "rss_basis", "machine", "date", "rows", "skipped_rows", "peers",
         "workload", "bundle", "threads", "notes", "vs_best_peer_paired", "vs_best_peer_paired_by_threads", "paired",
         "vs_best_peer_paired_note"}
-ROW_KEYS = {"name", "precision", "mode", "threads", "decode_tokens_per_s", "decode_tokens_per_s_pooled", "ttft_ms", "tokens_per_s_with_prefill",
-            "mean_accepted", "loop_s", "cpu_s_per_query", "joules_per_query", "rss_mb", "rss_delta_mb", "outputs"}
+ROW_KEYS = {"name", "precision", "mode", "threads", "decode_tokens_per_s", "decode_tokens_per_s_pooled", "ttft_ms",
+            "tokens_per_s_with_prefill", "mean_accepted", "loop_s", "cpu_s_per_query", "joules_per_query", "rss_mb", "rss_delta_mb", "outputs"}
 NAMES = ["standard", "int8 plain", "int4 plain", "fp32 + draft", "int8 + draft", "int4 + draft",
          "int4-symmetric plain", "int4-symmetric + draft"]  # the last two: the second, symmetric import
 

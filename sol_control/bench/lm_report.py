@@ -72,8 +72,8 @@ def draft_length(bundle, rows) -> tuple[int, str]:
 
 def pooled_rate(runs) -> float | None:
     """Every prompt's decode tokens over every prompt's decode time (tokens/s): a throughput, where
-    `decode_tokens_per_s` is the median prompt's rate. A speculative row's rate varies from prompt to
-    prompt (SmolLM2 int8 + heads + lookup: 56-158 tok/s), so the two part: 83 vs 76 tok/s, 2026-12-06."""
+    `decode_tokens_per_s` is the median prompt's rate. They part where the rate varies from prompt to
+    prompt, as a speculative row's does (docs/BENCHMARKS.md, 2026-12-06)."""
     n = sum(len(run.tokens) - 1 for run in runs)
     ms = sum(run.wall_ms - run.ttft_ms for run in runs)
     return n / ms * 1e3 if n > 0 and ms > 0 else None
