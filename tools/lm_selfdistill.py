@@ -289,6 +289,13 @@ def held_out_overlap(texts: list[str], held_out: list[str], n: int = HELD_OUT_NG
     return hits
 
 
+def refuse_held_out(texts: list[str]) -> None:
+    """ValueError when any of the texts overlaps the held-out benchmark workload."""
+    hits = held_out_overlap(texts, workload_texts())
+    if hits:
+        raise ValueError(f"{len(hits)} prompts overlap the held-out workload, e.g. {hits[0]}")
+
+
 # -- the examples on disk ----------------------------------------------------------------------
 @dataclass
 class Examples:
@@ -474,9 +481,7 @@ def generate_all(model, tok, n_chat: int, n_agent: int, batch: int, max_new_chat
     chats, agents = chat_prompts(n_chat, seed), agent_conversations(n_agent, seed + 1)
     texts = [m["content"] for c in chats for m in c] + [a["system"] for a in agents] + \
         [t for a in agents for t in a["tool_results"]]
-    hits = held_out_overlap(texts, workload_texts())
-    if hits:
-        raise ValueError(f"{len(hits)} prompts overlap the held-out workload, e.g. {hits[0]}")
+    refuse_held_out(texts)
     encoded = [tok.encode_chat(m) for m in chats]
     jobs = [("chat", g) for g in _batches(list(range(n_chat)), batch, key=lambda i: len(encoded[i]))]
     jobs += [("agent", list(range(n_agent))[i:i + batch]) for i in range(0, n_agent, batch)]

@@ -141,12 +141,10 @@ def shard_prompts(args, tok) -> dict[str, tuple[list[np.ndarray], list[int]]]:
             out[shard.name] = ([ex.sequence(i)[:int(ex.prompt_len[i])] for i in range(len(ex))], ex.kind.tolist())
         return out
     chats = D.chat_prompts(args.chat, args.seed)
-    hits = D.held_out_overlap([m["content"] for c in chats for m in c], D.workload_texts())
-    if hits:
-        raise SystemExit(f"{len(hits)} prompts overlap the held-out workload, e.g. {hits[0]}")
+    D.refuse_held_out([m["content"] for c in chats for m in c])
     ids = [np.array(tok.encode_chat(c), np.int64) for c in chats]
-    return {f"shard_{k // CHAT_SHARD:03d}.npz": (ids[k:k + CHAT_SHARD], [D.CHAT] * len(ids[k:k + CHAT_SHARD]))
-            for k in range(0, len(ids), CHAT_SHARD)}
+    groups = [ids[k:k + CHAT_SHARD] for k in range(0, len(ids), CHAT_SHARD)]
+    return {f"shard_{i:03d}.npz": (group, [D.CHAT] * len(group)) for i, group in enumerate(groups)}
 
 
 def main(argv: list[str] | None = None) -> int:
