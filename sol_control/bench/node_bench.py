@@ -116,6 +116,8 @@ def run_mode(task: str, cfg: NodeConfig, args: argparse.Namespace, work: Path) -
         _stop(sub)
         _stop(node)
         log.close()
+    if not sub_out.exists():
+        raise RuntimeError(f"the subscriber wrote no results (exit {sub.returncode}); its output, if any, is above")
     published = json.loads(pub_out.read_text())
     rows = json.loads(sub_out.read_text())["rows"]
     out = summarize(task, cfg.deadline.for_task(task), published, rows,

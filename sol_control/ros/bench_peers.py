@@ -105,8 +105,9 @@ def subscribe(args: argparse.Namespace) -> int:
             rclpy.spin_once(node, timeout_sec=0.1)
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
-    with open(args.out, "w") as f:
-        json.dump({"rows": rows}, f)
+    finally:  # written however spinning ends (2 of 12 loaded `bench node` runs lost this file, 2026-12-06)
+        with open(args.out, "w") as f:
+            json.dump({"rows": rows}, f)
     node.destroy_node()
     rclpy.try_shutdown()
     return 0
