@@ -231,16 +231,17 @@ def test_a_served_decision_row_answers_each_prefix(tmp_path):
 
 
 def test_paired_decisions_alternate_with_the_peer_on_real_sessions(monkeypatch):
-    """`bench/paired.py`: per prefix our warm and cold decisions (the QC bundle, real sessions) with the
-    peer's before or after them, alternating; a round's ratio is the peer's median ms over ours."""
+    """`bench/paired.py`: per prefix ours warm, ours cold (the QC bundle, a real session) and two of
+    the peer's, strictly alternating, so each side always runs right after the other; a round's
+    ratio is the peer's median ms over ours."""
     from sol_control.bench import paired
 
     bundle = Bundle.load(REPO / "models" / "qc")
     calls, real = [], paired.speculate_heads
 
-    def ours(*a, **k):
-        calls.append("ours")
-        return real(*a, **k)
+    def ours(sess, *a, **k):
+        calls.append("cold" if sess.length == 0 else "warm")  # cold: the cache was just emptied
+        return real(sess, *a, **k)
 
     class Peer:
         def ask(self, req):
@@ -258,9 +259,12 @@ def test_paired_decisions_alternate_with_the_peer_on_real_sessions(monkeypatch):
     rep = paired.paired(bundle, {"engine": "x", "precision": "int4", "mode": "plain"}, 2, "_qc",
                         progress=lambda line: None, open_peer=Peer)
     calls = calls[2:]  # the warm-up
-    assert calls[-1] == "closed" and len(calls) == 2 * 16 * 3 + 1
-    assert calls[:6] == ["peer", "ours", "ours", "ours", "ours", "peer"]  # prefix 1 peer first, prefix 2 last
-    assert calls[48:51] == ["ours", "ours", "peer"]  # round 2 starts the other way round
+    assert calls[-1] == "closed" and len(calls) == 2 * 16 * 4 + 1
+    assert calls[:4] == ["warm", "peer", "cold", "peer"] and calls[64:68] == ["peer", "warm", "peer", "cold"]
+    seq = calls[:-1]
+    assert seq.count("warm") == seq.count("cold") == 32 and seq.count("peer") == 64
+    same_side_twice = [i for i in range(1, len(seq)) if (seq[i] == "peer") == (seq[i - 1] == "peer")]
+    assert same_side_twice == [64]  # only where round 2 starts with the peer again
     r = rep["paired_qc"]["rounds"][0]
     assert 100 < r["peer_ms"] and rep["vs_best_peer_qc_paired"] == statistics.median(
         x["peer_ms"] / x["ours_warm_ms"] for x in rep["paired_qc"]["rounds"])

@@ -3,10 +3,15 @@
 `bench all` times our rows first and the peers minutes later, and this host's speed drifts by
 10-30 % in that time, so `vs_best_peer` from one run moves by as much. Here the best peer row is
 kept running (`peers.serve_row`: its worker in its own venv serves one decision per request) and
-its decisions alternate with ours on the same decision prefixes, who goes first alternating too:
-ours warm (the previous frame's static prefix kept, as in the node) and cold (cache emptied). A
-round is every prefix `REPEATS` times; its ratio is the peer's median ms over ours; the headline
-is the median over the rounds.
+its decisions alternate with ours on the same decision prefixes: per prefix ours warm (the
+previous frame's static prefix kept, as in the node), the peer's, ours cold (cache emptied), the
+peer's again, strictly alternating (`ORDERS`; odd rounds start with the peer). Whoever runs right
+after the other process finds the CPU's caches holding the other's weights, so each side always
+runs right after the other. (Until 2026-12-06 our cold decision always ran right after our warm
+one and half our warm ones right after our cold one, on caches still holding our weights, which
+flattered us on hosts with a large cold-cache penalty; docs/BENCHMARKS.md, "The paired bench,
+alternating strictly".) A round is every prefix `REPEATS` times; its ratio is the peer's median ms
+over ours; the headline is the median over the rounds.
 
     python -m sol_control.bench.paired --bundle models/qc [--rounds 4] [--engine ort-genai] [--precision int4] [--mode plain]
 """
@@ -21,24 +26,24 @@ from .decode_bench import decision_prefixes
 
 OURS = "int8 + heads"  # the node's fast path (decoding.fast_precision int8, draft heads)
 REPEATS = 5  # passes over the 16 prefixes a round
+ORDERS = (("warm", "peer", "cold", "peer"), ("peer", "warm", "peer", "cold"))  # a prefix's four decisions
 
 
 def one_round(sess, peer, prefixes, n_tokens: int, first: int) -> dict:
-    """Every prefix REPEATS times: the peer's decision and ours (warm, then cold), the peer first on
-    every other prefix; medians."""
-    peer_ms, warm, cold = [], [], []
-    for r in range(REPEATS):
-        for j, p in enumerate(prefixes):
-            peer_first = (first + r + j) % 2 == 0
-            if peer_first:
-                peer_ms.append(peer.ask({"prefix": p.tolist()})["ms"])
-            warm.append(speculate_heads(sess, p, n_tokens).stats.wall_ms)  # after the previous prefix's
-            sess.reset()
-            cold.append(speculate_heads(sess, p, n_tokens).stats.wall_ms)
-            if not peer_first:
-                peer_ms.append(peer.ask({"prefix": p.tolist()})["ms"])
-    return {"peer_ms": statistics.median(peer_ms), "ours_warm_ms": statistics.median(warm),
-            "ours_cold_ms": statistics.median(cold)}
+    """Every prefix REPEATS times: ours warm, ours cold and two of the peer's, alternating (ORDERS,
+    by `first`'s parity); medians."""
+    got = {"peer": [], "warm": [], "cold": []}
+    for _ in range(REPEATS):
+        for p in prefixes:
+            for who in ORDERS[first % 2]:
+                if who == "peer":
+                    got[who].append(peer.ask({"prefix": p.tolist()})["ms"])
+                    continue
+                if who == "cold":
+                    sess.reset()
+                got[who].append(speculate_heads(sess, p, n_tokens).stats.wall_ms)  # warm: after the previous prefix's
+    return {"peer_ms": statistics.median(got["peer"]), "ours_warm_ms": statistics.median(got["warm"]),
+            "ours_cold_ms": statistics.median(got["cold"])}
 
 
 def paired(bundle, best: dict, rounds: int, suffix: str = "", progress=print, open_peer=None) -> dict:
