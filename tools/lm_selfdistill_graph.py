@@ -58,11 +58,11 @@ def build(gguf: Path, precision: str, int4_mode: str, path: Path, heads: Path | 
 
     from sol_control.graph.llama import BuildOptions, build_graph
     from sol_control.lm.gguf_reader import read_gguf_weights
-    from sol_control.lm.importer import _attach_heads, graph_inputs, read_heads
+    from sol_control.lm.importer import attach_heads, graph_inputs, read_heads
 
     weights, options = graph_inputs(read_gguf_weights(gguf), precision, CONTEXT, int4_mode)
     if heads is not None:
-        _attach_heads(weights, read_heads(heads), heads)
+        attach_heads(weights, read_heads(heads), heads)
     model = build_graph(weights, BuildOptions(precision=precision, argmax=True, **options))
     if heads is None:
         size = weights.config.hidden_size

@@ -74,8 +74,8 @@ def pooled_rate(runs) -> float | None:
     """Every prompt's decode tokens over every prompt's decode time (tokens/s): a throughput, where
     `decode_tokens_per_s` is the median prompt's rate. They part where the rate varies from prompt to
     prompt, as a speculative row's does (docs/BENCHMARKS.md, 2026-12-06)."""
-    n = sum(len(run.tokens) - 1 for run in runs)
-    ms = sum(run.wall_ms - run.ttft_ms for run in runs)
+    n = sum(run.decode_tokens for run in runs)
+    ms = sum(run.decode_ms for run in runs)
     return n / ms * 1e3 if n > 0 and ms > 0 else None
 
 
@@ -96,7 +96,7 @@ def row_figures(r, meter, rss: dict) -> dict:
         "decode_tokens_per_s_pooled": pooled_rate(runs),
         "ttft_ms": _median(run.ttft_ms for run in runs),
         "tokens_per_s_with_prefill": _median(len(run.tokens) / run.wall_ms * 1e3 for run in runs),
-        "mean_accepted": sum(len(run.tokens) - 1 for run in runs + loop_runs) / calls if calls else None,
+        "mean_accepted": sum(run.decode_tokens for run in runs + loop_runs) / calls if calls else None,
         "answer_tokens_mean": float(np.mean([len(run.tokens) for run in runs])),
         "loop_s": _median(loops_s), "loop_s_min": min(loops_s), "loop_s_max": max(loops_s),
         "loop_tokens": sum(len(run.tokens) for run in r.loops[0]),

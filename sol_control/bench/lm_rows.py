@@ -132,8 +132,17 @@ class Run:
     target_calls: int  # decoding passes after the prefill
 
     @property
+    def decode_tokens(self) -> int:
+        """The tokens after the first (the first comes with the prefill, TTFT)."""
+        return len(self.tokens) - 1
+
+    @property
+    def decode_ms(self) -> float:
+        return self.wall_ms - self.ttft_ms
+
+    @property
     def decode_tokens_per_s(self) -> float:
-        n, ms = len(self.tokens) - 1, self.wall_ms - self.ttft_ms
+        n, ms = self.decode_tokens, self.decode_ms
         return n / ms * 1e3 if n > 0 and ms > 0 else float("nan")
 
 

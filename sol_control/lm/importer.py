@@ -158,7 +158,7 @@ def read_heads(path: Path):
     return heads
 
 
-def _attach_heads(weights, heads, path: Path) -> None:
+def attach_heads(weights, heads, path: Path) -> None:
     """weights.heads = heads, when their shapes fit the model (ValueError naming the file otherwise)."""
     c = weights.config
     if heads.w1.shape[1:] != (c.hidden_size, c.hidden_size):
@@ -223,7 +223,7 @@ def import_gguf(src: Path, out: Path, role: str, quantize: tuple[str, ...], max_
     reader = open_gguf(src)
     weights = read_gguf_weights(reader)
     if heads is not None:
-        _attach_heads(weights, heads, heads_path)
+        attach_heads(weights, heads, heads_path)
     tok = read_gguf_tokenizer(reader)
     c = weights.config
     context = min(max_context or c.max_context, c.max_context)
@@ -324,7 +324,7 @@ def import_hf(src: Path, out: Path, role: str, quantize: tuple[str, ...], max_co
     t0 = time.monotonic_ns()
     weights = read_hf_weights(src)
     if heads is not None:
-        _attach_heads(weights, heads, heads_path)
+        attach_heads(weights, heads, heads_path)
     c = weights.config
     context = min(max_context or c.max_context, c.max_context)
     spec, written, build_s = write_graphs(weights, out, role, quantize, context, int4_mode)
