@@ -96,6 +96,7 @@ class DecoderSpec(Strict):
     files: dict[Precision, str] = Field(default_factory=dict)  # precision -> file (Optimum layout)
     fused: dict[Precision, str] = Field(default_factory=dict)  # precision -> file (sol_control.fused/2)
     draft_heads: int = Field(0, ge=0, le=16)  # guessing heads in the fused graphs (0 = none)
+    guesses: str | None = None  # .npz of an AnswerGuesser: the answer's first tokens, checked by the prefill
 
     @model_validator(mode="after")
     def _nonempty(self) -> "DecoderSpec":
@@ -152,6 +153,8 @@ class Manifest(Strict):
     def _listed(self) -> "Manifest":
         for role, spec in (("target", self.target), ("draft", self.draft)):
             listed = [*spec.files.items(), *spec.fused.items()] if spec else []
+            if spec is not None and spec.guesses is not None:
+                listed.append(("guesses", spec.guesses))
             for prec, fname in listed:
                 if fname not in self.files:
                     raise ValueError(f"{role}.{prec} file {fname!r} is not listed in files (no sha256)")

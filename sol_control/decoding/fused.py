@@ -138,6 +138,7 @@ class FusedDecoderSession:
         self.tokens = np.zeros(self.max_context, np.int64)  # the ids whose keys/values are in the cache
         self.length = 0
         self.calls = 0
+        self.guesser = None  # an AnswerGuesser for the prefill (open_decoder: the bundle's target.guesses)
         self._heads = np.zeros(max(self.draft_heads, 1), np.int64)
         self._accepted = np.zeros(1, np.int64)
         self._probs = np.zeros(self.max_rows, np.float32)
@@ -216,22 +217,45 @@ class FusedDecoderSession:
         """Make the cache hold `prefix`, reusing its longest cached leading part; return the last
         position's logits [vocab] (with draft heads: `head_ids` guess what follows). Long prefixes
         run in chunks of `max_step_tokens`; every chunk reads one row of logits."""
+        return self._prefill_rows(prefix, 1)[-1]
+
+    @property
+    def can_guess_prefill(self) -> bool:
+        """Can `prefill_guessed` run here: only without a second prefill graph, whose rows a plain
+        prefill would put where the guesses' check needs the main graph's."""
+        return self._prefill is None
+
+    def prefill_guessed(self, ids: np.ndarray, guesses: int) -> np.ndarray:
+        """`prefill` of `ids` whose last `guesses` ids are guesses of what follows the prefix
+        before them: the last call runs the prefix's last token and the guesses, so the graph
+        checks them as in a verify pass (`accepted`, `head_ids`); the logits [guesses + 1, vocab]
+        of those rows. The prefix's rows are the ones `prefill` would compute (rows do not depend on
+        how many tokens share a pass), so the caller can emit exactly what plain greedy would."""
+        if not self.can_guess_prefill:
+            raise ValueError(f"{self.name}: guessed prefills need the main graph alone (no prefill graph)")
+        if not 0 <= guesses < len(ids) or guesses + 1 > self.max_rows:
+            raise ValueError(f"{self.name}: {guesses} guesses need a prefix before them and at most "
+                             f"max_rows={self.max_rows} rows, got {len(ids)} ids")
+        return self._prefill_rows(ids, guesses + 1)
+
+    def _prefill_rows(self, prefix: np.ndarray, rows: int) -> np.ndarray:
         n = len(prefix)
         if n == 0:
             raise ValueError(f"{self.name}: empty prefix")
         m = min(self.length, n)
         same = int(np.argmin(np.append(self.tokens[:m] == prefix[:m], False)))
-        self.rewind(min(same, n - 1))  # the last prefix token is always recomputed for its logits
+        self.rewind(min(same, n - rows))  # the last prefix token is always recomputed for its logits
         # exact mode re-runs the last prefix token with the first new one: through the main graph
         # both ways, so the prefill graph stops short of it (the main graph pairs it with the one before)
         split = n - 1 if self._prefill is not None and self.min_step_tokens == 2 else n
         logits = None
         while self.length < split:
             stop = min(split, self.length + self.max_step_tokens)
-            logits = self._forward(prefix[self.length:stop], 1, self._prefill or self._main)
+            stop = stop if stop == n else min(stop, n - rows)  # the last `rows` ids share the last call
+            logits = self._forward(prefix[self.length:stop], rows if stop == n else 1, self._prefill or self._main)
         if self.length < n:
             logits = self._forward(prefix[n - 1:], 1, self._main)
-        return logits[-1]
+        return logits
 
     def _run(self, ids: np.ndarray, rows: int, b: "_Binding | None" = None) -> np.ndarray:
         b = b or self._main

@@ -182,6 +182,8 @@ class DecoderSession:
         self._ptr_pos = int(self._positions.ctypes.data)
         self._ptr_logits = int(self._logits.ctypes.data)
         self.calls = 0
+        self.guesser = None  # AnswerGuesser: unused here (guessed prefills need the fused layout)
+        self.can_guess_prefill = False
 
     # -- cache bookkeeping ------------------------------------------------------------------
     def reset(self) -> None:
@@ -351,4 +353,9 @@ def open_decoder(bundle, role: str, precision: str, threads: int = 1, name: str 
     if sess.vocab != bundle.manifest.vocab.size:
         raise ValueError(f"{path}: logits have {sess.vocab} entries, manifest vocab.size is "
                          f"{bundle.manifest.vocab.size}")
+    guesses = bundle.manifest.target.guesses if role == "target" else None
+    if guesses is not None:
+        from .guesses import AnswerGuesser
+
+        sess.guesser = AnswerGuesser.load(bundle.path(guesses), sess.vocab)
     return sess

@@ -262,7 +262,7 @@ def lookup_match(seq: np.ndarray, k: int, n_max: int = 3, n_min: int = 2) -> tup
 
 def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None = None,
                     stop_ids: tuple[int, ...] = (), lookup: int = 0,
-                    length: GuessLength | None = None) -> DecodeResult:
+                    length: GuessLength | None = None, prefill_guesses: bool = True) -> DecodeResult:
     """Self-speculative greedy decoding with the target's own draft heads (a fused graph built with
     heads: it checks the guesses itself and guesses on from the row it stopped at). One call
     verifies the previous guesses and makes the next ones:
@@ -283,16 +283,24 @@ def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None =
     `length` (a GuessLength, kept across answers) checks only as many guesses as pay for their
     wider pass, and takes lookup's guesses only where they are expected to emit more tokens a ms
     than the heads' (`GuessLength.prefer`, learnt per repeat length: in prose a repeat of two
-    tokens is a weak hint); None checks all of them, lookup's wherever there are some."""
+    tokens is a weak hint); None checks all of them, lookup's wherever there are some.
+
+    `prefill_guesses` and a target with an answer guesser (`target.guesser`, the bundle's
+    `target.guesses`; decoding.guesses): the prefill also checks its guesses of the answer's first
+    tokens, so a short answer the guesser gets right takes one call."""
     t0 = time.monotonic_ns()
     budget = budget or Budget.unlimited()
     prefix = _check_request(target, prefix, max_new_tokens)
     rule, stats = Rule(), DecodeStats()
-    out, probs = _prefill(target, prefix, rule, stats, t0)
-    seq = np.concatenate([prefix, np.zeros(max_new_tokens, np.int64)])  # the committed text, for lookups
     heads = target.draft_heads > 0
     if not heads and not lookup:
         raise ValueError(f"{target.name}: no draft heads; speculate_heads needs them or lookup > 0")
+    guesser = target.guesser if prefill_guesses and target.can_guess_prefill else None
+    if guesser is not None and max_new_tokens > 1:
+        out, probs = _prefill_guessed(target, prefix, guesser.guess(prefix, max_new_tokens - 1), stats, t0, stop_ids)
+    else:
+        out, probs = _prefill(target, prefix, rule, stats, t0)
+    seq = np.concatenate([prefix, np.zeros(max_new_tokens, np.int64)])  # the committed text, for lookups
     guesses = target.head_ids.tolist() if heads else []
     while len(out) < max_new_tokens and out[-1] not in stop_ids and not budget.expired():
         seq_len = len(prefix) + len(out)  # committed tokens; the target holds seq_len - 1 of them
@@ -319,6 +327,21 @@ def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None =
         stats.proposed, stats.accepted = stats.proposed + kk, stats.accepted + n
         target.rewind(seq_len + len(emitted) - 1)
     return _finish(out, probs, max_new_tokens, stats, t0, stop_ids)
+
+
+def _prefill_guessed(target, prefix: np.ndarray, guesses: list[int], stats: DecodeStats, t0: int,
+                     stop_ids: tuple[int, ...]):
+    """The prefill with the guesser's guesses after the prefix, checked like a verify pass: the
+    accepted guesses and the target's own next token, as plain greedy would emit them."""
+    t_logits = target.prefill_guessed(np.concatenate([prefix, np.asarray(guesses, np.int64)]), len(guesses))
+    n = target.accepted if target.draft_heads else _agreed(guesses, t_logits)
+    emitted = guesses[:n] + [int(np.argmax(t_logits[n]))]
+    emitted = emitted[:_stop_at(emitted, stop_ids)]
+    stats.target_passes, stats.verify_passes = stats.target_passes + 1, stats.verify_passes + 1
+    stats.proposed, stats.accepted = stats.proposed + len(guesses), stats.accepted + n
+    stats.prefill_ms = stats.ttft_ms = _ms_since(t0)
+    target.rewind(len(prefix) + n)
+    return emitted, _greedy_probs(target, t_logits, len(emitted))
 
 
 def _agreed(guesses: list[int], logits: np.ndarray) -> int:
