@@ -83,6 +83,7 @@ class FastPlanner:
         self.n_tokens = n_tokens
         self.k = dec.k or None
         self.relax_delta = dec.relax_delta
+        self.prefill_guesses = dec.prefill_guesses
         self.bin_range = bin_range  # action bins, where relaxed acceptance may apply
         self.mode = speculation_mode(bundle, dec.speculation)
         self.target = _session(bundle, "target", dec.fast_precision, dec, "")
@@ -100,7 +101,7 @@ class FastPlanner:
             if faults.fast_raise:
                 raise InjectedFault("fault_injection.fast_raise")
         if self.mode == "heads":
-            r = speculate_heads(self.target, prefix, self.n_tokens, budget=budget)
+            r = speculate_heads(self.target, prefix, self.n_tokens, budget=budget, prefill_guesses=self.prefill_guesses)
         elif self.mode == "none":
             r = greedy(self.target, prefix, self.n_tokens, budget=budget)
         else:

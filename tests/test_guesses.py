@@ -99,6 +99,7 @@ def test_a_guessed_prefill_emits_plain_greedys_tokens_whatever_the_guesses(tmp_p
             assert speculate_heads(sess, prefix, 10).tokens == plain
             if right == 9:
                 assert unguessed - calls == 1  # all nine guesses right: the prefill is the whole answer
+                assert (r.stats.first_call_tokens, r.stats.decode_tokens) == (10, 0)  # emitted in its TTFT
                 saved += (sess.calls - unguessed) - 1
         stop = (plain[int(rng.integers(1, 10))],)
         sess.guesser = fixed(plain[:9])  # right guesses running past the stop id
@@ -150,3 +151,25 @@ def test_the_shipped_guessers_save_calls_and_keep_plain_greedys_answers(task):
             assert speculate_heads(sess, p, n, prefill_guesses=on).tokens == plain
             calls[on] += sess.calls - before
     assert calls[True] < 0.85 * calls[False], calls
+
+
+def test_the_fast_planner_guesses_as_configured():
+    """`decoding.prefill_guesses` (default on) reaches the fast planner: the same QC answers, fewer
+    target calls with it than without."""
+    from sol_control.bench.decode_bench import decision_prefixes
+    from sol_control.budget import Budget
+    from sol_control.config import from_flat
+    from sol_control.planners import FastPlanner
+
+    b = Bundle.load(bundle_dir("qc"))
+    n = len(b.manifest.actions)
+    planners = {on: FastPlanner(b, n, from_flat({"decoding.prefill_guesses": on}).decoding) for on in (True, False)}
+    calls = {True: 0, False: 0}
+    for p in decision_prefixes(b, 16, seed=200):
+        answers = []
+        for on, planner in planners.items():
+            before = planner.target.calls
+            answers.append(planner.plan(p, Budget.unlimited()).tokens)
+            calls[on] += planner.target.calls - before
+        assert answers[0] == answers[1]
+    assert calls[True] < calls[False], calls

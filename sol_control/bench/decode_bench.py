@@ -79,7 +79,7 @@ class Row:
     solo_ms: list[float] = field(default_factory=list)  # warm, this row alone (speculative rows)
     solo_cold_ms: list[float] = field(default_factory=list)
     solo_paced_ms: list[float] = field(default_factory=list)  # warm, alone, one decision per PACE_S
-    decode_tok_s: list[float] = field(default_factory=list)  # per round: tokens after the first / decode time
+    decode_tok_s: list[float] = field(default_factory=list)  # per round: tokens after the prefill call / decode time
     e2e_tok_s: list[float] = field(default_factory=list)  # per round: all new tokens / total wall time
     ttft_ms: list[float] = field(default_factory=list)
     cpu_s: float = 0.0
@@ -230,8 +230,8 @@ def _record(r: Row, res, acc: list, first_round: bool) -> None:
     r.ttft_ms.append(s.ttft_ms)
     acc[0] += s.new_tokens
     acc[1] += s.wall_ms
-    acc[2] += s.new_tokens - 1
-    acc[3] += s.wall_ms - s.ttft_ms
+    acc[2] += s.decode_tokens  # a guessed prefill's extra tokens came in its TTFT, not here
+    acc[3] += s.decode_ms
     if first_round:
         r.outputs.append(res.tokens)
     r.accepted += s.new_tokens - 1

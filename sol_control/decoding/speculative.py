@@ -29,6 +29,16 @@ class DecodeStats:
     wall_ms: float = 0.0
     ttft_ms: float = 0.0
     prefill_ms: float = 0.0
+    first_call_tokens: int = 1  # emitted by the prefill call (more with a guessed prefill)
+
+    @property
+    def decode_tokens(self) -> int:
+        """Tokens emitted after the prefill call, in `decode_ms`: a decode rate's numerator."""
+        return max(self.new_tokens - self.first_call_tokens, 0)
+
+    @property
+    def decode_ms(self) -> float:
+        return self.wall_ms - self.ttft_ms
 
     @property
     def mean_accepted(self) -> float:
@@ -340,6 +350,7 @@ def _prefill_guessed(target, prefix: np.ndarray, guesses: list[int], stats: Deco
     stats.target_passes, stats.verify_passes = stats.target_passes + 1, stats.verify_passes + 1
     stats.proposed, stats.accepted = stats.proposed + len(guesses), stats.accepted + n
     stats.prefill_ms = stats.ttft_ms = _ms_since(t0)
+    stats.first_call_tokens = len(emitted)
     target.rewind(len(prefix) + n)
     return emitted, _greedy_probs(target, t_logits, len(emitted))
 
