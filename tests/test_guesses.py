@@ -153,6 +153,23 @@ def test_the_shipped_guessers_save_calls_and_keep_plain_greedys_answers(task):
     assert calls[True] < 0.85 * calls[False], calls
 
 
+def test_an_expired_budget_checks_no_guesses():
+    """Guesses are steps: after the budget ran out the prefill is the plain one (one token, an
+    incomplete answer the guard hands to full precision), with the budget alive all of them."""
+    from sol_control.bench.decode_bench import decision_prefixes
+    from sol_control.budget import Budget, ManualClock
+
+    b = Bundle.load(bundle_dir("qc"))
+    sess = open_decoder(b, "target", "int8")
+    n = len(b.manifest.actions)
+    alive = lambda: Budget.after_ms(5.0, clock=ManualClock())  # noqa: E731 - never expires
+    # a scene whose answer the guesser gets right: its prefill alone would emit the whole answer
+    p = next(p for p in decision_prefixes(b, 20, seed=300)
+             if speculate_heads(sess, p, n, budget=alive()).stats.target_passes == 1)
+    r = speculate_heads(sess, p, n, budget=Budget.after_ms(0.0, clock=ManualClock()))
+    assert r.tokens == greedy(sess, p, n).tokens[:1] and not r.complete and r.stats.target_passes == 1
+
+
 def test_the_fast_planner_guesses_as_configured():
     """`decoding.prefill_guesses` (default on) reaches the fast planner: the same QC answers, fewer
     target calls with it than without."""

@@ -297,7 +297,8 @@ def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None =
 
     `prefill_guesses` and a target with an answer guesser (`target.guesser`, the bundle's
     `target.guesses`; decoding.guesses): the prefill also checks its guesses of the answer's first
-    tokens, so a short answer the guesser gets right takes one call."""
+    tokens, so a short answer the guesser gets right takes one call. Checking guesses is a step: a
+    budget that expired before the prefill gets the plain prefill's one token, as greedy does."""
     t0 = time.monotonic_ns()
     budget = budget or Budget.unlimited()
     prefix = _check_request(target, prefix, max_new_tokens)
@@ -306,7 +307,7 @@ def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None =
     if not heads and not lookup:
         raise ValueError(f"{target.name}: no draft heads; speculate_heads needs them or lookup > 0")
     guesser = target.guesser if prefill_guesses and target.can_guess_prefill else None
-    if guesser is not None and max_new_tokens > 1:
+    if guesser is not None and max_new_tokens > 1 and not budget.expired():
         out, probs = _prefill_guessed(target, prefix, guesser.guess(prefix, max_new_tokens - 1), stats, t0, stop_ids)
     else:
         out, probs = _prefill(target, prefix, rule, stats, t0)
