@@ -71,8 +71,9 @@ class DecodingConfig(Strict):
     relax_delta: int = Field(0, json_schema_extra=STRUCT, ge=0, le=16,
                              description="lossy speed-up: accept a draft bin token within this many bins of the "
                                          "target's choice (0 = exact, output identical to greedy)")
-    prefill_guesses: bool = Field(True, json_schema_extra=STRUCT, description="the prefill also checks the bundle's guesses of the answer's first "
-                                                  "tokens (target.guesses): fewer calls, the same output")
+    prefill_guesses: bool = Field(True, json_schema_extra=STRUCT,
+                                  description="the prefill also checks the bundle's guesses of the answer's "
+                                              "first tokens (target.guesses): fewer calls, the same output")
     threads: int = Field(1, json_schema_extra=STRUCT, ge=1, le=8, description="ONNX Runtime intra-op threads per session")
     standard_only: bool = Field(False, description="skip the fast path: every decision from the fp32 planner "
                                                    "(the 'standard' baseline for comparisons)")

@@ -6,7 +6,7 @@ and write manifest.json. Each stage reuses its .work/ output when present (delet
     python tools/make_models.py [--tasks qc,grasp] [--steps 1800] [--draft-steps N] [--out models]
     python tools/make_models.py --refresh-graphs     # the fused graphs again, from the bundles (builder changes)
     python tools/make_models.py --refresh-graphs --tasks grasp --heads .work/grasp/heads.npz   # new heads
-    python tools/make_models.py --refresh-guesses    # the answer guessers again (decoding.guesses)
+    python tools/make_models.py --refresh-guesses    # the answer guessers again (decoding.prefill_guesses)
 """
 from __future__ import annotations
 

@@ -244,7 +244,7 @@ class FusedDecoderSession:
             raise ValueError(f"{self.name}: empty prefix")
         m = min(self.length, n)
         same = int(np.argmin(np.append(self.tokens[:m] == prefix[:m], False)))
-        self.rewind(min(same, n - rows))  # the last prefix token is always recomputed for its logits
+        self.rewind(min(same, n - rows))  # the last `rows` ids are always recomputed for their logits
         # exact mode re-runs the last prefix token with the first new one: through the main graph
         # both ways, so the prefill graph stops short of it (the main graph pairs it with the one before)
         split = n - 1 if self._prefill is not None and self.min_step_tokens == 2 else n

@@ -296,9 +296,10 @@ def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None =
     tokens is a weak hint); None checks all of them, lookup's wherever there are some.
 
     `prefill_guesses` and a target with an answer guesser (`target.guesser`, the bundle's
-    `target.guesses`; decoding.guesses): the prefill also checks its guesses of the answer's first
-    tokens, so a short answer the guesser gets right takes one call. Checking guesses is a step: a
-    budget that expired before the prefill gets the plain prefill's one token, as greedy does."""
+    `target.guesses`; `decoding.prefill_guesses` in the node): the prefill also checks its guesses
+    of the answer's first tokens, so a short answer the guesser gets right takes one call. Checking
+    guesses is a step: a budget that expired before the prefill gets the plain prefill's one token,
+    as greedy does."""
     t0 = time.monotonic_ns()
     budget = budget or Budget.unlimited()
     prefix = _check_request(target, prefix, max_new_tokens)
