@@ -31,6 +31,19 @@ def test_end_to_end_rounds_are_summarised_by_their_median_and_range():
     assert m["p99_ms"] == 20.0 and m["sources"] == {"fast": 50} and m["decisions"] == 50
 
 
+def test_the_slowest_percent_of_decisions_is_broken_down_by_stage():
+    from sol_control.bench.node_bench import summarize
+
+    # [stamp, received, source, met, node ms, reason, queue, perception, fast, full, cpu]; 1 ms = 1e6 ns
+    rows = [[i, i + 5_000_000, "fast", True, 4.0, "", 1.0, 1.5, 1.5, math.nan, 3.0] for i in range(99)]
+    rows.append([99, 99 + 20_000_000, "fast", True, 19.0, "", 2.0, 6.0, 9.0, math.nan, 11.0])
+    s = summarize("qc", 20.0, {"stamps": list(range(100)), "seconds": 3.0}, rows, 30.0)
+    t = s["tail_ms"]
+    assert t["decisions"] == 1 and t["e2e"] == 20.0  # only the slow one is at or over the p99
+    assert (t["queue"], t["perception"], t["fast"], t["cpu"]) == (2.0, 6.0, 9.0, 11.0)
+    assert t["off_cpu"] == 7.0 and math.isnan(t["full_precision"])  # 20 - 2 queued - 11 on the CPU
+
+
 def test_speculative_rows_are_also_timed_alone_and_peers_are_compared_with_that():
     from sol_control.bench.decode_bench import run_bench
     from sol_control.bench.report import vs_best_peer

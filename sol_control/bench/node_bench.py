@@ -161,11 +161,28 @@ def summarize(task: str, deadline_ms: float, published: dict, rows: list, cpu_pe
         "breakdown_ms": {name: {"p50": _finite_pct([r[i] for r in got.values()], 50),
                                 "p99": _finite_pct([r[i] for r in got.values()], 99)}
                          for name, i in (("queue", 6), ("perception", 7), ("fast", 8), ("full_precision", 9))},
+        "tail_ms": _tail_breakdown(list(got.values()), latency_ms),
         "hit_rate": in_time / len(sent) if sent else float("nan"),
         "node_deadline_met_rate": (sum(r[3] for r in got.values()) / len(got)) if got else float("nan"),
         "sources": dict(sources), "reasons": dict(reasons.most_common(8)),
         "cpu_percent": cpu_percent, "image_hz": len(sent) / max(published["seconds"], 1e-9),
     }
+
+
+def _tail_breakdown(rows: list, latency_ms: list[float]) -> dict:
+    """Where the slowest 1 % of decisions (end-to-end latency >= its p99) spend their time: the
+    median of each stage over them, the node's CPU time, and the rest of the end-to-end time
+    (DDS out, descheduled, the GIL), ms."""
+    if not rows:
+        return {}
+    p99 = pct(latency_ms, 99)
+    slow = [(r, ms) for r, ms in zip(rows, latency_ms) if ms >= p99]
+    med = lambda vals: _finite_pct(vals, 50)  # noqa: E731
+    out = {name: med([r[i] for r, _ in slow]) for name, i in (("queue", 6), ("perception", 7), ("fast", 8),
+                                                              ("full_precision", 9), ("cpu", 10))}
+    out.update(decisions=len(slow), e2e=med([ms for _, ms in slow]),
+               off_cpu=med([ms - r[6] - r[10] for r, ms in slow]))  # after the queue, not on the CPU
+    return out
 
 
 def _finite_pct(values: list[float], q: float) -> float:
@@ -192,6 +209,12 @@ def run(args: argparse.Namespace) -> int:
             for m, r in results.items()]
     print(table(["mode", "deadline ms", "frames", "decided", "p50 ms", "p99 ms", "p99.9 ms", "hit rate", "sources",
                  "cpu", "cpu ms/decision (thread / node)", "mJ/decision"], rows))
+    for m, r in results.items():
+        t = r["tail_ms"]
+        if t:
+            print(f"{m}, the slowest 1 % ({t['decisions']} decisions, e2e {t['e2e']:.2f} ms), medians: queue "
+                  f"{t['queue']:.2f}, perception {t['perception']:.2f}, fast {t['fast']:.2f} ms; the deciding "
+                  f"thread's CPU {t['cpu']:.2f} ms, off the CPU after the queue {t['off_cpu']:.2f} ms")
     if results:
         print(f"joules: {next(iter(results.values()))['energy_assumption']}")
     out = {"modes": results, **results, "config": {"seconds": args.seconds, "image_hz": args.image_hz,
