@@ -6,7 +6,8 @@ and write manifest.json. Each stage reuses its .work/ output when present (delet
     python tools/make_models.py [--tasks qc,grasp] [--steps 1800] [--draft-steps N] [--out models]
     python tools/make_models.py --refresh-graphs     # the fused graphs again, from the bundles (builder changes)
     python tools/make_models.py --refresh-graphs --tasks grasp --heads .work/grasp/heads.npz   # new heads
-    python tools/make_models.py --refresh-guesses    # the answer guessers again (decoding.prefill_guesses)
+    python tools/make_models.py --refresh-guesses    # the answer guessers again (decoding.prefill_guesses), re-evaluated
+    python tools/make_models.py --refresh-metrics    # re-evaluate the bundles as they are (a decoding change)
 """
 from __future__ import annotations
 
@@ -264,7 +265,6 @@ def refresh_graphs(task: str, args) -> None:
     change of the graph builder, without .work/ and without retraining (the fp32 graph comes out
     byte for byte the same)."""
     from sol_control.bundle import Bundle
-    from sol_control.eval import evaluate
     from sol_control.graph.from_onnx import read_decoder, read_heads
     from sol_control.graph.llama import build_decoder
     from sol_control.graph.weights import DraftHeads
@@ -284,6 +284,14 @@ def refresh_graphs(task: str, args) -> None:
     manifest["metrics"].setdefault("export", {})["int8"] = build_static_int8(out)
     write_manifest(out, manifest)
     refresh_guesses(task, out, manifest)
+    reevaluate(task, out, manifest, args)
+
+
+def reevaluate(task: str, out: Path, manifest: dict, args) -> None:
+    """Evaluate the bundle on its test and held-out scenes again and write the metrics into
+    `manifest` (after new graphs or guesses: the fast rows' acceptance and decode ms move)."""
+    from sol_control.eval import evaluate
+
     for split, n in (("test", args.n_test), ("heldout", args.n_heldout)):
         stage(f"{task}: eval {split} ({n} scenes)")
         manifest["metrics"][split] = evaluate(out, split, n=n, quiet=False)["precisions"]
@@ -380,16 +388,22 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --refresh-graphs (one task): the draft heads from this .npz "
                          "(tools/train_heads.py), not the bundle's own")
     ap.add_argument("--refresh-guesses", action="store_true",
-                    help="only the answer guesser (guesses.npz) again, on the bundles' own int8 targets")
+                    help="only the answer guesser (guesses.npz) again, on the bundles' own int8 targets, "
+                         "and re-evaluate")
+    ap.add_argument("--refresh-metrics", action="store_true",
+                    help="only re-evaluate the shipped bundles and rewrite their metrics (a decoding change)")
     args = ap.parse_args(argv)
     if args.heads and not (args.refresh_graphs and "," not in args.tasks):
         ap.error("--heads goes with --refresh-graphs and one task")
     os.environ.setdefault("OMP_NUM_THREADS", "2")
     T.WORK = Path(args.work)
     for task in args.tasks.split(","):
-        if args.refresh_guesses:
-            out = Path(args.out) / task
-            refresh_guesses(task, out, json.loads((out / "manifest.json").read_text()))
+        out = Path(args.out) / task
+        if args.refresh_guesses or args.refresh_metrics:
+            manifest = json.loads((out / "manifest.json").read_text())
+            if args.refresh_guesses:
+                refresh_guesses(task, out, manifest)
+            reevaluate(task, out, manifest, args)
         else:
             refresh_graphs(task, args) if args.refresh_graphs else build(task, args)
     if not args.train_only:
