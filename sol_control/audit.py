@@ -2,7 +2,10 @@
 
 The guard hands a sampled fast decision (and its prefix) to `Auditor.submit`; a background thread
 at the lowest CPU priority decodes the same prefix with its own fp32 session and counts agreement
-(same QC class and verdict; grasps within 1 cm, 0.1 rad, 5 mm) and token identity.
+(same QC class and verdict; grasps within 1 cm, 0.1 rad, 5 mm) and token identity. It decodes only
+while no decision is in progress (`DecidingGate`): it starts after the sampled decision is
+published, and a decision that starts meanwhile stops it at its next step (it starts over once
+that decision is out, up to AUDIT_TRIES times).
 """
 from __future__ import annotations
 
@@ -11,16 +14,28 @@ import math
 import os
 import queue
 import threading
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from sol_control.actions import Action, ActionTokenizer, GraspDecision, QCVerdict
-from sol_control.budget import Budget
+from sol_control.budget import MONOTONIC, Budget
 from sol_control.decision import Decision
 from sol_control.planners import FullPrecisionPlanner
+from sol_control.runner import DecidingGate
 
 log = logging.getLogger(__name__)
+AUDIT_TRIES = 3  # starts of one audit before it is given up (counted as skipped)
+
+
+@dataclass(frozen=True)
+class WhileIdle(Budget):
+    """An unlimited budget that runs out as soon as a decision is in progress."""
+
+    gate: DecidingGate = field(default_factory=DecidingGate, compare=False, repr=False)
+
+    def expired(self, now_ns: int | None = None) -> bool:
+        return self.gate.busy
 
 
 def agrees(a: Action, b: Action) -> bool:
@@ -36,10 +51,12 @@ def agrees(a: Action, b: Action) -> bool:
 
 class Auditor:
     """Recomputes sampled fast decisions at full precision on its own session, in a background
-    thread at the lowest CPU priority. Its queue holds one job: when busy, new samples are skipped."""
+    thread at the lowest CPU priority, while `gate` says no decision is in progress. Its queue holds
+    one job: when busy, new samples are skipped."""
 
-    def __init__(self, full: FullPrecisionPlanner, tokenizer: ActionTokenizer):
+    def __init__(self, full: FullPrecisionPlanner, tokenizer: ActionTokenizer, gate: DecidingGate | None = None):
         self.full = full
+        self.gate = gate or DecidingGate()
         self.tokenizer = replace(tokenizer, uncertain_below=0.0)  # audit the class, not the routing
         self._jobs: queue.Queue = queue.Queue(maxsize=1)
         self.audited = self.agreed = self.token_identical = self.skipped = self.errors = 0
@@ -72,18 +89,31 @@ class Auditor:
             except queue.Empty:
                 continue
             try:
-                self._audit(prefix, decision)
+                self._audit_when_idle(prefix, decision)
             except Exception as e:  # noqa: BLE001 - a broken audit must not touch live decisions
                 self.errors += 1
                 log.warning("audit failed: %s: %s", type(e).__name__, e)
 
-    def _audit(self, prefix: np.ndarray, decision: Decision) -> None:
-        res = self.full.plan(prefix, Budget.unlimited())
+    def _audit_when_idle(self, prefix: np.ndarray, decision: Decision) -> None:
+        for _ in range(AUDIT_TRIES):
+            while not self.gate.wait_idle(timeout_s=0.2):
+                if self._stop.is_set():
+                    return
+            if self._audit(prefix, decision):
+                return
+        self.skipped += 1  # decisions kept interrupting it
+
+    def _audit(self, prefix: np.ndarray, decision: Decision) -> bool:
+        """Audit one sample; False when a decision started before it was done (nothing counted)."""
+        res = self.full.plan(prefix, WhileIdle(None, MONOTONIC.now_ns(), gate=self.gate))
+        if not res.complete:
+            return False
         ref = self.tokenizer.decode(res.tokens, res.probs)
         fast = self.tokenizer.decode(decision.tokens)
         self.audited += 1
         self.agreed += agrees(fast, ref)
         self.token_identical += tuple(res.tokens) == decision.tokens
+        return True
 
     def close(self) -> None:
         self._stop.set()

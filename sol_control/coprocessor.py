@@ -27,6 +27,7 @@ from sol_control.config import NodeConfig, Task
 from sol_control.decision import Decision
 from sol_control.guard import DeadlineGuard
 from sol_control.planners import FastPlanner, FullPrecisionPlanner
+from sol_control.runner import DecidingGate
 from sol_control.telemetry import Conveyor, InputRejected, Telemetry, decode_compressed
 
 # Decision workers share the GIL with whoever else runs Python in the process (the ROS executor's
@@ -56,7 +57,7 @@ def eject_time_ns(stamp_ns: int, conveyor: Conveyor | None, camera_to_ejector_m:
 
 
 class TaskPipeline:
-    def __init__(self, task: Task, bundle_dir, config_fn, with_audit: bool):
+    def __init__(self, task: Task, bundle_dir, config_fn, with_audit: bool, gate: DecidingGate | None = None):
         from sol_control.perception import ObservationTokenizer
 
         cfg: NodeConfig = config_fn()
@@ -74,7 +75,7 @@ class TaskPipeline:
         self.full = FullPrecisionPlanner(self.bundle, n, cfg.decoding)
         self.auditor = None
         if with_audit:
-            self.auditor = Auditor(FullPrecisionPlanner(self.bundle, n, cfg.decoding, tag="-audit"), self.actions)
+            self.auditor = Auditor(FullPrecisionPlanner(self.bundle, n, cfg.decoding, tag="-audit"), self.actions, gate)
         self.guard = DeadlineGuard(task, self.fast, self.full, self.actions, config_fn,
                                    audit=self.auditor.submit if self.auditor else None)
         self.sessions_s = time.perf_counter() - t0 - self.bundle_check_s  # tokenizers, sessions, caches
@@ -135,8 +136,9 @@ class Coprocessor:
         self._cfg = cfg
         self.clock = clock
         with_audit = cfg.audit_rate > 0
+        self.gate = DecidingGate()  # the runners mark their decisions on it; the audits wait for it
         self.pipelines: dict[str, TaskPipeline] = {
-            task: TaskPipeline(task, cfg.bundle_dir(task), self.config, with_audit) for task in cfg.tasks}
+            task: TaskPipeline(task, cfg.bundle_dir(task), self.config, with_audit, self.gate) for task in cfg.tasks}
 
     # -- config ----------------------------------------------------------------------------------
     def config(self) -> NodeConfig:

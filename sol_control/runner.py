@@ -25,6 +25,35 @@ log = logging.getLogger(__name__)
 TAKE_TIMEOUT_S = 0.02  # how often an idle worker checks the sensor timeout and its stop flag
 
 
+class DecidingGate:
+    """How many decisions are in progress in this process, from taking a frame to publishing its
+    answer. Background work that shares the process's cores and GIL (the shadow audit) runs only
+    while none is, so it never holds the GIL against a decision."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._deciding = 0
+
+    @property
+    def busy(self) -> bool:
+        return self._deciding > 0
+
+    def enter(self) -> None:
+        with self._cv:
+            self._deciding += 1
+
+    def leave(self) -> None:
+        with self._cv:
+            self._deciding -= 1
+            if not self._deciding:
+                self._cv.notify_all()
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """True as soon as no decision is in progress; False after `timeout_s` of decisions."""
+        with self._cv:
+            return self._cv.wait_for(lambda: not self._deciding, timeout_s)
+
+
 class RunnerHooks:
     """What a runner reports to its host (the ROS node implements these). The defaults log."""
 
@@ -144,9 +173,10 @@ class TaskRunner:
     """Decides one task's frames: `offer` the newest snapshot (executor side), the worker decides it."""
 
     def __init__(self, task: str, cop, publish: Callable[[Decision], None], hooks: RunnerHooks | None = None,
-                 clock: Clock = MONOTONIC):
+                 clock: Clock = MONOTONIC, gate: DecidingGate | None = None):
         self.task = task
         self.cop = cop  # sol_control.coprocessor.Coprocessor (its live config is the runner's)
+        self.gate = gate or DecidingGate()  # the coprocessor's (`cop.gate`): its audits wait for it
         self.hooks = hooks or CountingHooks()
         self.clock = clock
         self.frames: LatestSlot[Telemetry] = LatestSlot(clock)
@@ -198,6 +228,13 @@ class TaskRunner:
 
     def decide(self, telemetry: Telemetry) -> None:
         """Decide one frame and publish the answer (callable without the thread: replay does)."""
+        self.gate.enter()
+        try:
+            self._decide(telemetry)
+        finally:
+            self.gate.leave()
+
+    def _decide(self, telemetry: Telemetry) -> None:
         frame = telemetry.frame
         cfg = self.cop.config()
         dl = cfg.deadline

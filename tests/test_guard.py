@@ -263,3 +263,48 @@ def test_an_inflated_full_precision_estimate_is_probed_within_the_budget(bundle,
     last = [g.decide(PREFIX, budget(clock, 100.0), stamp_ns=1) for _ in range(PROBE_EVERY)][-1]
     assert last.source == "safe_default" and last.reason == "fast_error:InjectedFault>full_precision_over_budget"
     assert g.full_latency.count == 2
+
+
+class DecisionsKeepStarting:
+    """A DecidingGate whose waits end at once, but a decision is always in progress by then."""
+
+    busy = True
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        return True
+
+
+def test_the_shadow_audit_runs_only_while_no_decision_is_in_progress(bundle, clock):
+    """A decision in progress (the runner's gate) stops the audit's decoding: nothing is counted and
+    it starts over later; given up after AUDIT_TRIES starts (skipped). Idle, it audits."""
+    from sol_control.audit import AUDIT_TRIES
+    from sol_control.runner import DecidingGate
+
+    cfg = Cfg(**{"qc.min_confidence": 0.0, "deadline.qc_ms": 5000.0, "decoding.fast_precision": "int8"})
+    tok = ActionTokenizer("qc", _fields("qc"))
+    g = DeadlineGuard("qc", FastPlanner(bundle, 4, cfg().decoding), FullPrecisionPlanner(bundle, 4, cfg().decoding),
+                      tok, cfg)
+    d = g.decide(PREFIX, budget(clock, 5000.0), stamp_ns=1)
+    gate = DecidingGate()
+    auditor = Auditor(FullPrecisionPlanner(bundle, 4, cfg().decoding, tag="-audit"), tok, gate)
+    try:
+        calls = auditor.full.target.calls
+        gate.enter()
+        assert not auditor._audit(PREFIX, d) and auditor.audited == 0  # its prefill, then no step
+        assert auditor.full.target.calls - calls == 1
+        gate.leave()
+        assert auditor._audit(PREFIX, d) and auditor.audited == 1 and auditor.skipped == 0
+        auditor.gate = DecisionsKeepStarting()
+        auditor._audit_when_idle(PREFIX, d)
+        assert auditor.audited == 1 and auditor.skipped == 1
+        assert auditor.full.target.calls - calls == 1 + 4 + AUDIT_TRIES  # 4 tokens: a prefill and 3 steps
+        auditor.gate = gate  # the thread: a sample taken during a decision is audited after it
+        gate.enter()
+        auditor.submit(PREFIX, d)
+        gate.leave()
+        t0 = time.monotonic()
+        while auditor.audited == 1 and time.monotonic() - t0 < 30:  # a wait for a thread, not a timing
+            time.sleep(0.01)
+        assert auditor.audited == 2 and auditor.errors == 0
+    finally:
+        auditor.close()

@@ -157,3 +157,22 @@ def test_sensor_timeout_publishes_safe_defaults_until_frames_return(cop, clock):
     assert len(published) == 2 and hooks.timeouts == [True]
     runner.decide(frame(clock))
     assert published[-1].source == "fast" and hooks.timeouts == [True, False]
+
+
+def test_a_decision_is_in_progress_from_its_frame_to_its_answer(cop, clock):
+    """The runner marks each decision on its gate (the shadow audit waits for it) until the answer is
+    published, and clears it even when the step fails."""
+    from sol_control.runner import DecidingGate
+
+    gate, seen = DecidingGate(), []
+    runner = TaskRunner("qc", Slowed(cop, lambda: seen.append(("step", gate.busy))),
+                        lambda d: seen.append(("publish", gate.busy)), Hooks(), clock, gate=gate)
+    runner.decide(frame(clock))
+    assert seen == [("step", True), ("publish", True)] and not gate.busy
+    assert gate.wait_idle(timeout_s=0.0)
+
+    def fail():
+        raise RuntimeError("session lost")
+
+    TaskRunner("qc", Slowed(cop, fail), seen.append, Hooks(), clock, gate=gate).decide(frame(clock))
+    assert seen[-1].source == "safe_default" and not gate.busy
