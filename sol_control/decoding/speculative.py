@@ -295,11 +295,9 @@ def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None =
     than the heads' (`GuessLength.prefer`, learnt per repeat length: in prose a repeat of two
     tokens is a weak hint); None checks all of them, lookup's wherever there are some.
 
-    `prefill_guesses` and a target with an answer guesser (`target.guesser`, the bundle's
-    `target.guesses`; `decoding.prefill_guesses` in the node): the prefill also checks its guesses
-    of the answer's first tokens, so a short answer the guesser gets right takes one call. Checking
-    guesses is a step: a budget that expired before the prefill gets the plain prefill's one token,
-    as greedy does."""
+    `prefill_guesses` with an answer guesser (`target.guesser`, the bundle's `target.guesses`): the
+    prefill also checks its guesses of the answer's first tokens (a short answer guessed right takes
+    one call); not once the budget ran out: then the plain prefill gives one token, as greedy's."""
     t0 = time.monotonic_ns()
     budget = budget or Budget.unlimited()
     prefix = _check_request(target, prefix, max_new_tokens)
@@ -307,38 +305,54 @@ def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None =
     heads = target.draft_heads > 0
     if not heads and not lookup:
         raise ValueError(f"{target.name}: no draft heads; speculate_heads needs them or lookup > 0")
-    guesser = target.guesser if prefill_guesses and target.can_guess_prefill else None
-    if guesser is not None and max_new_tokens > 1 and not budget.expired():
-        out, probs = _prefill_guessed(target, prefix, guesser.guess(prefix, max_new_tokens - 1), stats, t0, stop_ids)
+    if prefill_guesses and target.can_guess_prefill and target.guesser is not None \
+            and max_new_tokens > 1 and not budget.expired():
+        out, probs = _prefill_guessed(target, prefix, target.guesser.guess(prefix, max_new_tokens - 1),
+                                      stats, t0, stop_ids)
     else:
         out, probs = _prefill(target, prefix, rule, stats, t0)
     seq = np.concatenate([prefix, np.zeros(max_new_tokens, np.int64)])  # the committed text, for lookups
     guesses = target.head_ids.tolist() if heads else []
     while len(out) < max_new_tokens and out[-1] not in stop_ids and not budget.expired():
         seq_len = len(prefix) + len(out)  # committed tokens; the target holds seq_len - 1 of them
-        source = "heads"
         if lookup:
             seq[len(prefix):seq_len] = out
-            found, n_seen = lookup_match(seq[:seq_len], lookup)
-            key = f"lookup{n_seen}"  # a repeat of 3 tokens predicts better than one of 2: learnt apart
-            if found and (length is None or length.prefer(key, len(found), source, len(guesses))):
-                guesses, source = found, key
+        guesses, source = _lookup_or(guesses, seq[:seq_len], lookup, length)
         kk = min(len(guesses), max_new_tokens - len(out) - 1)
         kk = length.choose(source, kk) if length is not None else kk
         t1 = time.monotonic_ns()
         t_logits = target.forward(np.array([out[-1]] + guesses[:kk], np.int64))  # [kk+1, V]
-        n = target.accepted if heads else _agreed(guesses[:kk], t_logits)
+        n, emitted = _checked(target, guesses[:kk], t_logits, stats, stop_ids)
         if length is not None:
             length.update(source, kk, n, _ms_since(t1))
-        emitted = guesses[:n] + [int(np.argmax(t_logits[n]))]
-        emitted = emitted[:_stop_at(emitted, stop_ids)]
         probs += _greedy_probs(target, t_logits, len(emitted))  # every emitted token is its row's argmax
         out += emitted
         guesses = target.head_ids.tolist() if heads else []  # the heads at row n: what follows the emitted token
-        stats.target_passes, stats.verify_passes = stats.target_passes + 1, stats.verify_passes + 1
-        stats.proposed, stats.accepted = stats.proposed + kk, stats.accepted + n
         target.rewind(seq_len + len(emitted) - 1)
     return _finish(out, probs, max_new_tokens, stats, t0, stop_ids)
+
+
+def _checked(target, guesses: list[int], t_logits: np.ndarray, stats: DecodeStats,
+             stop_ids: tuple[int, ...]) -> tuple[int, list[int]]:
+    """(accepted n, emitted tokens) of a pass that checked `guesses` (logits [len + 1, V]): the
+    accepted guesses and the target's own next token, cut after a stop id; counted in `stats`."""
+    n = target.accepted if target.draft_heads else _agreed(guesses, t_logits)
+    emitted = guesses[:n] + [int(np.argmax(t_logits[n]))]
+    stats.target_passes, stats.verify_passes = stats.target_passes + 1, stats.verify_passes + 1
+    stats.proposed, stats.accepted = stats.proposed + len(guesses), stats.accepted + n
+    return n, emitted[:_stop_at(emitted, stop_ids)]
+
+
+def _lookup_or(heads: list[int], seq: np.ndarray, lookup: int, length: GuessLength | None) -> tuple[list[int], str]:
+    """(guesses, their source): prompt lookup's where the committed text `seq` repeats itself and
+    `length` expects them to pay better than the heads' (always, without `length`), else the heads'."""
+    if not lookup:
+        return heads, "heads"
+    found, n_seen = lookup_match(seq, lookup)
+    key = f"lookup{n_seen}"  # a repeat of 3 tokens predicts better than one of 2: learnt apart
+    if found and (length is None or length.prefer(key, len(found), "heads", len(heads))):
+        return found, key
+    return heads, "heads"
 
 
 def _prefill_guessed(target, prefix: np.ndarray, guesses: list[int], stats: DecodeStats, t0: int,
@@ -346,11 +360,7 @@ def _prefill_guessed(target, prefix: np.ndarray, guesses: list[int], stats: Deco
     """The prefill with the guesser's guesses after the prefix, checked like a verify pass: the
     accepted guesses and the target's own next token, as plain greedy would emit them."""
     t_logits = target.prefill_guessed(np.concatenate([prefix, np.asarray(guesses, np.int64)]), len(guesses))
-    n = target.accepted if target.draft_heads else _agreed(guesses, t_logits)
-    emitted = guesses[:n] + [int(np.argmax(t_logits[n]))]
-    emitted = emitted[:_stop_at(emitted, stop_ids)]
-    stats.target_passes, stats.verify_passes = stats.target_passes + 1, stats.verify_passes + 1
-    stats.proposed, stats.accepted = stats.proposed + len(guesses), stats.accepted + n
+    n, emitted = _checked(target, guesses, t_logits, stats, stop_ids)
     stats.prefill_ms = stats.ttft_ms = _ms_since(t0)
     stats.first_call_tokens = len(emitted)
     target.rewind(len(prefix) + n)
