@@ -173,10 +173,10 @@ class TaskRunner:
     """Decides one task's frames: `offer` the newest snapshot (executor side), the worker decides it."""
 
     def __init__(self, task: str, cop, publish: Callable[[Decision], None], hooks: RunnerHooks | None = None,
-                 clock: Clock = MONOTONIC, gate: DecidingGate | None = None):
+                 clock: Clock = MONOTONIC):
         self.task = task
         self.cop = cop  # sol_control.coprocessor.Coprocessor (its live config is the runner's)
-        self.gate = gate or DecidingGate()  # the coprocessor's (`cop.gate`): its audits wait for it
+        self.gate: DecidingGate = cop.gate  # decisions are marked on it; the coprocessor's audits wait for it
         self.hooks = hooks or CountingHooks()
         self.clock = clock
         self.frames: LatestSlot[Telemetry] = LatestSlot(clock)

@@ -10,7 +10,7 @@ from sol_control.budget import ManualClock
 from sol_control.config import from_flat
 from sol_control.coprocessor import Coprocessor
 from sol_control.decision import Failure
-from sol_control.runner import CountingHooks, TaskRunner, Watchdog
+from sol_control.runner import CountingHooks, DecidingGate, TaskRunner, Watchdog
 from sol_control.tasks.qc import make_sample
 from sol_control.telemetry import Frame, Telemetry
 from tests.conftest import bundle_dir
@@ -62,6 +62,7 @@ class Slowed:
 
     def __init__(self, cop, before_step):
         self.cop, self.before_step = cop, before_step
+        self.gate = cop.gate
 
     def config(self):
         return self.cop.config()
@@ -130,6 +131,8 @@ def test_a_watchdog_answer_that_fails_is_counted(clock):
 
 def test_a_failing_step_becomes_a_labelled_safe_default(cop, clock):
     class Broken:  # the collaborator fails; the runner under test must answer anyway
+        gate = DecidingGate()
+
         def config(self):
             return cop.config()
 
@@ -160,13 +163,12 @@ def test_sensor_timeout_publishes_safe_defaults_until_frames_return(cop, clock):
 
 
 def test_a_decision_is_in_progress_from_its_frame_to_its_answer(cop, clock):
-    """The runner marks each decision on its gate (the shadow audit waits for it) until the answer is
-    published, and clears it even when the step fails."""
-    from sol_control.runner import DecidingGate
-
-    gate, seen = DecidingGate(), []
+    """The runner marks each decision on its coprocessor's gate (the shadow audit waits for it) until
+    the answer is published, and clears it even when the step fails."""
+    gate, seen = cop.gate, []
     runner = TaskRunner("qc", Slowed(cop, lambda: seen.append(("step", gate.busy))),
-                        lambda d: seen.append(("publish", gate.busy)), Hooks(), clock, gate=gate)
+                        lambda d: seen.append(("publish", gate.busy)), Hooks(), clock)
+    assert runner.gate is gate
     runner.decide(frame(clock))
     assert seen == [("step", True), ("publish", True)] and not gate.busy
     assert gate.wait_idle(timeout_s=0.0)
@@ -174,5 +176,5 @@ def test_a_decision_is_in_progress_from_its_frame_to_its_answer(cop, clock):
     def fail():
         raise RuntimeError("session lost")
 
-    TaskRunner("qc", Slowed(cop, fail), seen.append, Hooks(), clock, gate=gate).decide(frame(clock))
+    TaskRunner("qc", Slowed(cop, fail), seen.append, Hooks(), clock).decide(frame(clock))
     assert seen[-1].source == "safe_default" and not gate.busy

@@ -144,6 +144,11 @@ def _tail(path: Path, n_chars: int = 3000) -> str:
     return path.read_text(errors="replace")[-n_chars:] if path.exists() else ""
 
 
+# the subscriber's decision rows (ros/bench_peers.py): where each stage's ms and the thread's CPU ms sit
+STAGE_COLUMNS = (("queue", 6), ("perception", 7), ("fast", 8), ("full_precision", 9))
+QUEUE_COLUMN, CPU_COLUMN = 6, 10
+
+
 def summarize(task: str, deadline_ms: float, published: dict, rows: list, cpu_percent: float) -> dict:
     sent = set(published["stamps"])
     got = {r[0]: r for r in rows if r[0] in sent}  # one decision per frame (first wins)
@@ -159,8 +164,7 @@ def summarize(task: str, deadline_ms: float, published: dict, rows: list, cpu_pe
         "node_latency_p99_ms": pct([r[4] for r in got.values()], 99),
         # where the time goes, p50 / p99 over decisions (ms)
         "breakdown_ms": {name: {"p50": _finite_pct([r[i] for r in got.values()], 50),
-                                "p99": _finite_pct([r[i] for r in got.values()], 99)}
-                         for name, i in (("queue", 6), ("perception", 7), ("fast", 8), ("full_precision", 9))},
+                                "p99": _finite_pct([r[i] for r in got.values()], 99)} for name, i in STAGE_COLUMNS},
         "tail_ms": _tail_breakdown(list(got.values()), latency_ms),
         "hit_rate": in_time / len(sent) if sent else float("nan"),
         "node_deadline_met_rate": (sum(r[3] for r in got.values()) / len(got)) if got else float("nan"),
@@ -178,10 +182,9 @@ def _tail_breakdown(rows: list, latency_ms: list[float]) -> dict:
     p99 = pct(latency_ms, 99)
     slow = [(r, ms) for r, ms in zip(rows, latency_ms) if ms >= p99]
     med = lambda vals: _finite_pct(vals, 50)  # noqa: E731
-    out = {name: med([r[i] for r, _ in slow]) for name, i in (("queue", 6), ("perception", 7), ("fast", 8),
-                                                              ("full_precision", 9), ("cpu", 10))}
+    out = {name: med([r[i] for r, _ in slow]) for name, i in STAGE_COLUMNS + (("cpu", CPU_COLUMN),)}
     out.update(decisions=len(slow), e2e=med([ms for _, ms in slow]),
-               off_cpu=med([ms - r[6] - r[10] for r, ms in slow]))  # after the queue, not on the CPU
+               off_cpu=med([ms - r[QUEUE_COLUMN] - r[CPU_COLUMN] for r, ms in slow]))  # after the queue, off the CPU
     return out
 
 

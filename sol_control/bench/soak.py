@@ -193,7 +193,7 @@ class Driver:
         self.task, self.record, self.pool = task, record, pool
         self.period_ns, self.t0, self.warmup_ns, self.window_ns, self.end_ns = period_ns, t0, warmup_ns, window_ns, end_ns
         self.hooks = CountingHooks()
-        self.runner = TaskRunner(task, cop, self._on_decision, self.hooks, gate=cop.gate)
+        self.runner = TaskRunner(task, cop, self._on_decision, self.hooks)
         self.ticks = self.decided = 0
         self.cpu_ms_per_decision: list[float] = []  # per window: the runner thread's CPU per decision
         self.load_1min: list[float] = []

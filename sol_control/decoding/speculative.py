@@ -301,8 +301,7 @@ def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None =
     t0 = time.monotonic_ns()
     budget = budget or Budget.unlimited()
     prefix = _check_request(target, prefix, max_new_tokens)
-    rule, stats = Rule(), DecodeStats()
-    heads = target.draft_heads > 0
+    rule, stats, heads = Rule(), DecodeStats(), target.draft_heads > 0
     if not heads and not lookup:
         raise ValueError(f"{target.name}: no draft heads; speculate_heads needs them or lookup > 0")
     if prefill_guesses and target.can_guess_prefill and target.guesser is not None \
@@ -315,9 +314,10 @@ def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None =
     guesses = target.head_ids.tolist() if heads else []
     while len(out) < max_new_tokens and out[-1] not in stop_ids and not budget.expired():
         seq_len = len(prefix) + len(out)  # committed tokens; the target holds seq_len - 1 of them
+        source = "heads"
         if lookup:
             seq[len(prefix):seq_len] = out
-        guesses, source = _lookup_or(guesses, seq[:seq_len], lookup, length)
+            guesses, source = _lookup_or(guesses, seq[:seq_len], lookup, length)
         kk = min(len(guesses), max_new_tokens - len(out) - 1)
         kk = length.choose(source, kk) if length is not None else kk
         t1 = time.monotonic_ns()
@@ -346,8 +346,6 @@ def _checked(target, guesses: list[int], t_logits: np.ndarray, stats: DecodeStat
 def _lookup_or(heads: list[int], seq: np.ndarray, lookup: int, length: GuessLength | None) -> tuple[list[int], str]:
     """(guesses, their source): prompt lookup's where the committed text `seq` repeats itself and
     `length` expects them to pay better than the heads' (always, without `length`), else the heads'."""
-    if not lookup:
-        return heads, "heads"
     found, n_seen = lookup_match(seq, lookup)
     key = f"lookup{n_seen}"  # a repeat of 3 tokens predicts better than one of 2: learnt apart
     if found and (length is None or length.prefer(key, len(found), "heads", len(heads))):

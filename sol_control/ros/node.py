@@ -109,7 +109,7 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
                       in zip(IMAGES.items(), (self._on_image, self._on_compressed))]
         # without frames nobody takes the side streams: count their rejections within SIDE_POLL_S
         self._side_timer = self.create_timer(SIDE_POLL_S, self.side_streams.take)
-        self.runners = {task: TaskRunner(task, self.cop, self._publish, self, gate=self.cop.gate) for task in self.cop.tasks}
+        self.runners = {task: TaskRunner(task, self.cop, self._publish, self) for task in self.cop.tasks}
         self._state = "inactive"
         self.startup.mark("configure")
         self.get_logger().info(f"configured: mode={cfg.mode}, bundles "

@@ -91,8 +91,7 @@ def replay(path: str | Path, cfg, tasks: tuple[str, ...]) -> dict:
     cop = Coprocessor(cfg)
     cop.warmup()
     decisions, hooks = [], CountingHooks()
-    runners = {t: TaskRunner(t, cop, lambda d: decisions.append((d.task, d.stamp_ns, d)), hooks,
-                             gate=cop.gate) for t in cop.tasks}
+    runners = {t: TaskRunner(t, cop, lambda d: decisions.append((d.task, d.stamp_ns, d)), hooks) for t in cop.tasks}
     for task, msg, j, c in frames:          # decide after reading, so timing is the model's alone
         runners[task].decide(Telemetry(_frame(msg), joints=j, conveyor=c))
     cop.close()
