@@ -1,7 +1,8 @@
 """`ros2 run sol_control coprocessor`: the lifecycle node `sol_control`.
 
-    executor thread: image callback ─► validate + convert ─► + newest side-stream samples
-                     ─► each task runner's slot (depth 1)
+    image thread:    camera message ─► validate + convert ─► + newest side-stream samples
+                     ─► each task runner's slot (depth 1)   (ros.image_pump: its own wait set)
+    executor thread: services, parameters, timers (diagnostics, side-stream poll)
     runner threads:  one per task (qc, grasp): sol_control.runner.TaskRunner (newest snapshot ─►
                      watchdog ─► Coprocessor.step ─► on-time-or-safe ─► _publish)
     side streams:    joint states, wrench, conveyor: never spun; taken per image and by a timer
@@ -33,9 +34,10 @@ from sol_control.energy import EnergyMeter
 from sol_control.gc_pauses import GcPauses
 from sol_control.ros import convert, qos
 from sol_control.ros.diagnostics import NodeStats
+from sol_control.ros.image_pump import ImagePump
 from sol_control.ros.outputs import DecisionOutputs
 from sol_control.ros.params import declare_config
-from sol_control.ros.side_streams import SIDE_TYPES, SideStreams
+from sol_control.ros.side_streams import SIDE_TYPES, Polled, SideStreams
 from sol_control.runner import RunnerHooks, TaskRunner
 from sol_control.startup import Startup
 from sol_control.telemetry import Frame, InputRejected
@@ -63,6 +65,7 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
         self.energy = EnergyMeter(self.cfg.energy.watts_per_busy_core)  # RAPL if readable, else estimated
         self.add_on_set_parameters_callback(self._on_set_parameters)
         self._subs: list = []
+        self._images: ImagePump | None = None
         self.side_streams: SideStreams | None = None
         self._side_timer = None
         self.outputs = DecisionOutputs(self, self._on_offered_deadline_missed)
@@ -105,8 +108,12 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
         self.startup.detail.update(self.cop.load_times_s())
         in_qos = qos.sensor_qos(cfg.deadline.max_staleness_ms)
         self.side_streams = SideStreams(self, lambda: self.cfg.inputs, in_qos, self.reject, self.cop.tasks)
-        self._subs = [self.create_subscription(kind, topic, callback, in_qos) for (topic, kind), callback
-                      in zip(IMAGES.items(), (self._on_image, self._on_compressed))]
+        polled = Polled()  # taken by the image pump, not the executor
+        self._subs = [self.create_subscription(kind, topic, lambda m: None, in_qos, callback_group=polled)
+                      for topic, kind in IMAGES.items()]
+        self._images = ImagePump(self.context, list(zip(self._subs, (self._on_image, self._on_compressed))),
+                                 lambda detail: self.reject("image_take_error", f"image: {detail}"))
+        self._images.start()
         # without frames nobody takes the side streams: count their rejections within SIDE_POLL_S
         self._side_timer = self.create_timer(SIDE_POLL_S, self.side_streams.take)
         self.runners = {task: TaskRunner(task, self.cop, self._publish, self) for task in self.cop.tasks}
@@ -186,6 +193,9 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
         if self._side_timer is not None:
             self.destroy_timer(self._side_timer)
             self._side_timer = None
+        if self._images is not None:
+            self._images.stop()
+            self._images = None
         if self.side_streams is not None:
             self.side_streams.destroy(self)
             self.side_streams = None
@@ -203,7 +213,7 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
             return False
         return self.trigger_activate() == TransitionCallbackReturn.SUCCESS
 
-    # -- inputs (executor thread: validate, convert, offer; never infer) ------------------------------
+    # -- inputs (image thread: validate, convert, offer; never infer) ---------------------------------
     def _admit(self, msg, make_frame, info=None) -> None:
         recv = time.monotonic_ns()
         transport_ns = 0
