@@ -11,19 +11,22 @@ in a callback group no executor waits on (`Polled`), so exactly one thread takes
 from __future__ import annotations
 
 import threading
+import time
 from contextlib import ExitStack
 from typing import Callable
 
 from rclpy.guard_condition import GuardCondition
 from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
 
+from sol_control.budget import NS_PER_S
+
 WAKE_S = 0.1  # how often an idle pump checks that its context is still up
-NS_PER_S = 1_000_000_000
 
 
 class ImagePump:
     """`subs`: (subscription, callback(msg, message_info)) pairs; `on_error(detail)` counts a
-    failed take or callback. `start` after the subscriptions exist, `stop` before they are destroyed."""
+    failed take, callback or wait. `start` once, after the subscriptions exist; `stop` before they
+    are destroyed."""
 
     def __init__(self, context, subs: list[tuple[object, Callable]], on_error: Callable[[str], None],
                  wake_s: float = WAKE_S):
@@ -60,7 +63,12 @@ class ImagePump:
             held.enter_context(self._context.handle)
             wait_set = _rclpy.WaitSet(len(self._subs), 1, 0, 0, 0, 0, self._context.handle)
             while not self._stopping and self._context.ok():
-                self._wait(wait_set)
+                try:
+                    self._wait(wait_set)
+                except Exception as e:  # noqa: BLE001 - e.g. the context shutting down mid-wait
+                    if not self._stopping and self._context.ok():
+                        self._on_error(f"wait: {type(e).__name__}: {e}")
+                        time.sleep(WAKE_S)  # a wait that keeps failing is reported, not spun on
 
     def _wait(self, wait_set) -> None:
         wait_set.clear_entities()
