@@ -40,7 +40,6 @@ class ImagePump:
         self.taken = self.waits = 0
 
     def start(self) -> None:
-        self._stopping = False
         self._thread = threading.Thread(target=self._run, name="sol_control-images", daemon=True)
         self._thread.start()
 
