@@ -11,6 +11,7 @@ from sol_control.decoding import greedy, speculate_heads
 from sol_control.decoding.fused import FusedDecoderSession
 from sol_control.graph import quant
 from sol_control.graph.calibrate import AMAX_STEPS, channel_amax, on_grid, smooth_mlp, static_int8
+from sol_control.graph.from_onnx import all_nodes
 from sol_control.graph.llama import build_decoder
 from sol_control.graph.weights import DraftHeads, LlamaWeights
 from sol_control.lm.reference import rms_norm
@@ -77,16 +78,16 @@ def test_calibrated_constants_sit_on_a_grid():
 def test_the_static_graph_quantizes_each_input_once_and_keeps_rows_exact(calibrated, tmp_path):
     static = build_decoder(calibrated, tmp_path / "static.onnx", "int8", int8_activations="static")
     rows = build_decoder(calibrated, tmp_path / "rows.onnx", "int8")
-    ops = [n.op_type for n in onnx.load(str(static)).graph.node]
-    n_rows = len(onnx.load(str(rows)).graph.node)
+    ops = [n.op_type for n in all_nodes(onnx.load(str(static)).graph)]
+    n_rows = len(all_nodes(onnx.load(str(rows)).graph))
     assert not any(op in ops for op in PER_ROW_OPS) and len(ops) < n_rows - 30
     assert ops.count("QuantizeLinear") == len(calibrated.activation_amax)
     assert FusedDecoderSession(static).exact_rows()
     # an input left out of the calibration keeps its per-row scales, alone
     partial = LlamaWeights(calibrated.config, calibrated.tensors, heads=calibrated.heads,
                            activation_amax={k: v for k, v in calibrated.activation_amax.items() if k != "model.layers.0.attn"})
-    ops = [n.op_type for n in onnx.load(str(build_decoder(partial, tmp_path / "p.onnx", "int8",
-                                                          int8_activations="static"))).graph.node]
+    ops = [n.op_type for n in all_nodes(onnx.load(str(build_decoder(partial, tmp_path / "p.onnx", "int8",
+                                                                    int8_activations="static"))).graph)]
     assert [ops.count(op) for op in PER_ROW_OPS] == [1, 1]
 
 

@@ -516,6 +516,34 @@ def test_speculation_with_the_targets_own_heads_equals_plain_greedy(tmp_path, pr
     assert sess.exact_rows() >= (precision in ROW_EXACT_ON_EVERY_CPU)  # the query pad: one-token rows = verify rows
 
 
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_plain_decoding_switches_the_heads_off_and_loses_nothing(tmp_path, precision):
+    """The heads sit behind the `heads_on` input: greedy switches them off (head_ids then K zeros,
+    and reading them is refused), speculate_heads on; logits, tokens and the heads' guesses equal a
+    graph without the switch, where the heads always run."""
+    from sol_control.decoding import speculate_heads
+
+    w = tiny_weights(seed=6)
+    w.heads = tiny_heads(w)
+    switched = FusedDecoderSession(build_decoder(w, tmp_path / "on.onnx", precision))
+    always = FusedDecoderSession(build_decoder(w, tmp_path / "always.onnx", precision, heads_switch=False))
+    assert "heads_on" in {i.name for i in switched.session.get_inputs()}
+    assert "heads_on" not in {i.name for i in always.session.get_inputs()}
+    prefix = np.array([3, 14, 15, 92, 65, 35], np.int64)
+    plain = greedy(switched, prefix, 10)
+    assert plain.tokens == greedy(always, prefix, 10).tokens
+    assert not switched._heads_on and np.array_equal(switched._heads[:3], np.zeros(3))  # the else branch ran
+    with pytest.raises(AssertionError, match="heads are off"):
+        switched.head_ids
+    np.testing.assert_array_equal(switched.prefill(prefix), always.prefill(prefix))
+    fast = speculate_heads(switched, prefix, 10)
+    assert fast.tokens == plain.tokens and switched._heads_on
+    switched.reset(), always.reset()
+    switched.prefill(prefix), always.prefill(prefix)
+    assert np.array_equal(switched.head_ids, always.head_ids)
+    assert not np.array_equal(switched.head_ids, np.zeros(3))
+
+
 def _cached(sess, n: int) -> np.ndarray:
     """A fused session's cache [tensor, kv heads, position, dim] at its first n positions (a view)."""
     return sess._kv.reshape(len(sess._kv), sess.n_heads, -1, sess.head_dim)[:, :, :n]

@@ -28,6 +28,7 @@ from onnx import numpy_helper
 
 from sol_control.bundle import Bundle
 from sol_control.cli import main
+from sol_control.graph.from_onnx import initializers
 from sol_control.graph.quant import per_channel_int8
 from sol_control.lm.gguf_writer import write_llama_gguf
 from sol_control.lm.reference import LlamaReference
@@ -113,7 +114,7 @@ def test_import_puts_the_heads_into_every_target_graph(tiny):
         meta = {p.key: p.value for p in model.metadata_props}
         assert meta["draft_heads"] == str(K), precision
         assert "head_ids" in [o.name for o in model.graph.output], precision
-        init = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer if t.name.startswith("heads.w1")}
+        init = {n: numpy_helper.to_array(t) for n, t in initializers(model).items() if n.startswith("heads.w1")}
         hidden = w1.shape[1]
         if precision == "fp32":  # [H_in, K * H_out]
             np.testing.assert_array_equal(init["heads.w1"], w1.transpose(2, 0, 1).reshape(hidden, K * hidden))

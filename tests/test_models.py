@@ -11,6 +11,7 @@ from sol_control.actions import ActionTokenizer
 from sol_control.bundle import Bundle
 from sol_control.decoding import open_decoder
 from sol_control.eval import evaluate
+from sol_control.graph.from_onnx import all_nodes
 from sol_control.perception import ObservationTokenizer
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
@@ -99,11 +100,11 @@ def test_int4_target_is_4bit_with_an_int8_lm_head(bundle):
     all-4-bit lm_head moved a quarter of the QC actions by a bin."""
     import onnx
 
-    graph = onnx.load(str(bundle.verify(bundle.manifest.target.fused["int4"]))).graph
-    nbits = [n for n in graph.node if n.op_type == "MatMulNBits"]
+    nodes = all_nodes(onnx.load(str(bundle.verify(bundle.manifest.target.fused["int4"]))).graph)
+    nbits = [n for n in nodes if n.op_type == "MatMulNBits"]
     assert nbits and all(next(a.i for a in n.attribute if a.name == "bits") == 4 and len(n.input) >= 4
                          for n in nbits)  # 4th input: zero points
-    integer = sorted(n.output[0] for n in graph.node if n.op_type == "MatMulIntegerToFloat")
+    integer = sorted(n.output[0] for n in nodes if n.op_type == "MatMulIntegerToFloat")
     k = bundle.manifest.target.draft_heads
     assert integer == sorted(["logits.unscaled", "heads.u.unscaled", *(f"heads.logits{j}" for j in range(k))])
-    assert not [n for n in graph.node if n.op_type == "MatMul"]
+    assert not [n for n in nodes if n.op_type == "MatMul"]

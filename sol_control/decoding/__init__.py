@@ -1,7 +1,8 @@
 """The speculative decoding engine: ONNX Runtime decoders with preallocated KV caches (no ROS)."""
 from .adaptive_k import AdaptiveK, GuessLength
 from .session import DecoderSession, open_decoder, session_options
-from .speculative import DecodeResult, DecodeStats, greedy, sample, speculate, speculate_heads, tokens_per_s
+from .speculative import (DecodeResult, DecodeStats, greedy, sample, speculate, speculate_heads, tokens_per_s,
+                          use_heads)
 
 __all__ = ["AdaptiveK", "DecodeResult", "DecodeStats", "DecoderSession", "GuessLength", "greedy", "sample",
-           "open_decoder", "session_options", "speculate", "speculate_heads", "tokens_per_s"]
+           "open_decoder", "session_options", "speculate", "speculate_heads", "tokens_per_s", "use_heads"]

@@ -2,7 +2,7 @@
 
     input_ids [1, T] int64, seqlens_k [1] int32 (= L + T - 1 + p), total_sequence_length [] int32
     (= L + T + p), guesses [] int64 (G), past_key_values.{i}.key|value [1, H, C, D],
-    optional query_pad [1] int64 (p)
+    optional query_pad [1] int64 (p), optional heads_on [] bool (graphs with heads: `use_heads`)
       ->  logits [1, G+1, V] (the last G+1 rows), present.{i}.key|value [1, H, C, D],
           with draft heads: accepted [1] int64, head_ids [1, 1, K] int64, probs [1, G+1] float32
     (P = the graph's `query_pad` metadata, C = max_context + P; p = 1 if T == 1 else 0 where the
@@ -53,6 +53,8 @@ _I64, _I32, _F32 = np.dtype(np.int64), np.dtype(np.int32), np.dtype(np.float32)
 LAYOUT = "sol_control.fused/2"
 INPUTS = ("input_ids", "seqlens_k", "total_sequence_length", "guesses")
 PAD_INPUT = "query_pad"  # optional: the query pad's rows this call
+HEADS_INPUT = "heads_on"  # optional (graphs with draft heads): run the heads this call
+_BOOL = np.dtype(np.bool_)
 
 
 def _expect(ok: bool, where: str, what: str) -> None:
@@ -82,7 +84,11 @@ def check_fused_signature(sess: ort.InferenceSession, where: str) -> tuple[int, 
     if PAD_INPUT in inputs:
         _expect(inputs[PAD_INPUT].type == "tensor(int64)" and inputs[PAD_INPUT].shape == [1], where,
                 f"input {PAD_INPUT!r} must be int64 [1], got {inputs[PAD_INPUT].type} {inputs[PAD_INPUT].shape}")
-    _expect(len(inputs) == 4 + 2 * n_layers + (PAD_INPUT in inputs), where, f"unexpected inputs {sorted(inputs)}")
+    if HEADS_INPUT in inputs:
+        _expect(inputs[HEADS_INPUT].type == "tensor(bool)" and inputs[HEADS_INPUT].shape == [], where,
+                f"input {HEADS_INPUT!r} must be bool [], got {inputs[HEADS_INPUT].type} {inputs[HEADS_INPUT].shape}")
+    _expect(len(inputs) == 4 + 2 * n_layers + (PAD_INPUT in inputs) + (HEADS_INPUT in inputs), where,
+            f"unexpected inputs {sorted(inputs)}")
     _expect("logits" in outputs and isinstance(outputs["logits"].shape[-1], int), where,
             "output 'logits' [1, T, vocab] with a static vocab is missing")
     return n_layers, shape[1], shape[3], outputs["logits"].shape[-1], shape[2]
@@ -140,6 +146,8 @@ class FusedDecoderSession:
         self.calls = 0
         self.guesser = None  # an AnswerGuesser for the prefill (open_decoder: the bundle's target.guesses)
         self._heads = np.zeros(max(self.draft_heads, 1), np.int64)
+        self._heads_on = np.ones((), np.bool_)  # graphs with the heads_on input run their heads only when set
+        self._switch = HEADS_INPUT in {i.name for i in self.session.get_inputs()}
         self._accepted = np.zeros(1, np.int64)
         self._probs = np.zeros(self.max_rows, np.float32)
         self._main = _Binding(self.session)
@@ -178,6 +186,8 @@ class FusedDecoderSession:
         b.bind_in("guesses", _I64, (), int(self._guesses.ctypes.data))
         if self._pad_input:
             b.bind_in(PAD_INPUT, _I64, (1,), int(self._pad_rows.ctypes.data))
+        if HEADS_INPUT in {i.name for i in b.session.get_inputs()}:
+            b.bind_in(HEADS_INPUT, _BOOL, (), int(self._heads_on.ctypes.data))
         if self.draft_heads:
             b.bind_out("accepted", _I64, (1,), int(self._accepted.ctypes.data))
             b.bind_out("head_ids", _I64, (1, 1, self.draft_heads), int(self._heads.ctypes.data))
@@ -190,6 +200,11 @@ class FusedDecoderSession:
         """Forget cached positions past `n_keep` (no copy: the next call overwrites them)."""
         assert 0 <= n_keep <= self.length, (n_keep, self.length)
         self.length = n_keep
+
+    def use_heads(self, on: bool) -> None:
+        """Run the draft heads in the next calls or not (plain decoding reads no `head_ids`). Graphs
+        without the `heads_on` input (built before it) run them always."""
+        self._heads_on[()] = on or not self._switch
 
     # -- forward ----------------------------------------------------------------------------
     def forward(self, ids: np.ndarray, rows: int | None = None) -> np.ndarray:
@@ -300,6 +315,7 @@ class FusedDecoderSession:
         """The draft heads' guesses [K] of the last call, at its accepted row (the K tokens after
         the one that row's logits predict). A view, valid until the next call."""
         assert self.draft_heads, f"{self.name} has no draft heads"
+        assert self._heads_on, f"{self.name}: the heads are off (use_heads(True) before the call)"
         return self._heads[: self.draft_heads]
 
     @property

@@ -45,7 +45,8 @@ def _probe_session(weights: LlamaWeights, max_context: int):
 
     from ..decoding.session import session_options
 
-    model = build_graph(weights, BuildOptions("fp32", max_context=max_context, pad_input=False))  # pad: always 1
+    # pad: always 1; the heads in the main graph, where their inputs can be outputs too
+    model = build_graph(weights, BuildOptions("fp32", max_context=max_context, pad_input=False, heads_switch=False))
     names = linear_inputs(model)
     model.graph.output.extend(helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in names)
     sess = ort.InferenceSession(model.SerializeToString(), session_options(1), providers=["CPUExecutionProvider"])

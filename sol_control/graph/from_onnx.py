@@ -225,6 +225,25 @@ def read_decoder(path: str | Path, max_context: int = 2048) -> LlamaWeights:
     return weights
 
 
+def _branches(graph) -> list:
+    """The subgraphs of a graph's `If` nodes (a fused graph's heads sit in the `heads_on` switch's)."""
+    return [a.g for node in graph.node if node.op_type == "If" for a in node.attribute
+            if a.name in ("then_branch", "else_branch")]
+
+
+def initializers(model) -> dict:
+    """Name -> TensorProto of a graph's initializers and of its `If` branches'."""
+    init = {t.name: t for t in model.graph.initializer}
+    for branch in _branches(model.graph):
+        init.update({t.name: t for t in branch.initializer})
+    return init
+
+
+def all_nodes(graph) -> list:
+    """A graph's nodes and its `If` branches' nodes (the `If` nodes too)."""
+    return [*graph.node, *(n for branch in _branches(graph) for n in all_nodes(branch))]
+
+
 def read_heads(path: str | Path) -> "DraftHeads | None":
     """The draft heads written into one of our fp32 fused graphs (`sol_control.graph.llama`), as the
     `DraftHeads` they were built from; None for a graph without heads. So a bundle's quantized graphs
@@ -241,7 +260,7 @@ def read_heads(path: str | Path) -> "DraftHeads | None":
         return None
     if meta.get("precision") != "fp32":
         raise ValueError(f"{path}: heads are read back from an fp32 fused graph, this one is {meta.get('precision')}")
-    init = {t.name: t for t in model.graph.initializer}
+    init = initializers(model)
     w1 = numpy_helper.to_array(init["heads.w1"])  # [H, K*H] = w1.transpose(2, 0, 1).reshape(H, K*H)
     hidden = w1.shape[0]
     w1 = np.ascontiguousarray(w1.reshape(hidden, k, hidden).transpose(1, 2, 0))
