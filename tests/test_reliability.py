@@ -27,6 +27,7 @@ from tests.ros_helpers import REPO, ros_env, set_ros_env, spin_until_shutdown, w
 DOMAIN_NODE, DOMAIN_BAD_BUNDLE = 50, 51
 FIXTURE_TINY = REPO / "tests" / "fixtures" / "tiny"
 DEADLINE_MS = 60.0
+FLOOD_BURST = 4  # images published back to back each 300 Hz tick: 40x the nominal 30 Hz
 
 
 
@@ -386,9 +387,10 @@ def test_camera_dropout_safe_defaults_error_then_recovery(live):
         probe.set_params(deadline__sensor_timeout_ms=60000.0)
 
 
-def test_publisher_flood_at_10x_keeps_latest_value_semantics(live):
-    """300 Hz of images (10x the nominal 30 Hz) for 2 s: frames are dropped, not queued, so decision
-    latency stays bounded, memory does not grow and every decision stays labelled."""
+def test_publisher_flood_at_40x_keeps_latest_value_semantics(live):
+    """1,200 images a second (40x the nominal 30 Hz: bursts of 4 at 300 Hz) for 2 s: frames are
+    dropped, not queued, so decision latency stays bounded, memory does not grow and every decision
+    stays labelled. (At 300 Hz alone a fast host decided every frame, and nothing was dropped.)"""
     probe, node = live
     from sol_control.ros.convert import image_to_ros
 
@@ -401,12 +403,15 @@ def test_publisher_flood_at_10x_keeps_latest_value_semantics(live):
     sent, period_s, t0 = 0, 1.0 / 300.0, time.monotonic()
     from sol_control.ros.convert import stamp_to_ros
 
+    ticks = 0
     while time.monotonic() - t0 < 2.0:
-        m = msgs[sent % len(msgs)]
-        m.header.stamp = stamp_to_ros(probe.now_ns())
-        probe.pubs["image"].publish(m)
-        sent += 1
-        time.sleep(max(0.0, t0 + sent * period_s - time.monotonic()))
+        for _ in range(FLOOD_BURST):
+            m = msgs[sent % len(msgs)]
+            m.header.stamp = stamp_to_ros(probe.now_ns())
+            probe.pubs["image"].publish(m)
+            sent += 1
+        ticks += 1
+        time.sleep(max(0.0, t0 + ticks * period_s - time.monotonic()))
     time.sleep(0.5)
     got = probe.verdicts_since(n)
     rss1 = rss_kb(node.proc.pid)
