@@ -312,10 +312,7 @@ def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None =
     t0 = time.monotonic_ns()
     budget = budget or Budget.unlimited()
     prefix = _check_request(target, prefix, max_new_tokens)
-    rule, stats, heads = Rule(), DecodeStats(), target.draft_heads > 0
-    if not heads and not lookup:
-        raise ValueError(f"{target.name}: no draft heads; speculate_heads needs them or lookup > 0")
-    use_heads(target, heads)
+    rule, stats, heads = Rule(), DecodeStats(), _heads_on(target, lookup)
     if prefill_guesses and target.can_guess_prefill and target.guesser is not None \
             and max_new_tokens > 1 and not budget.expired():
         out, probs = _prefill_guessed(target, prefix, target.guesser.guess(prefix, max_new_tokens - 1),
@@ -342,6 +339,16 @@ def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None =
         guesses = target.head_ids.tolist() if heads else []  # the heads at row n: what follows the emitted token
         target.rewind(seq_len + len(emitted) - 1)
     return _finish(out, probs, max_new_tokens, stats, t0, stop_ids)
+
+
+def _heads_on(target, lookup: int) -> bool:
+    """Does `target` have draft heads (then switched on for the calls to come)? ValueError when it
+    has none and there is no prompt lookup either."""
+    heads = target.draft_heads > 0
+    if not heads and not lookup:
+        raise ValueError(f"{target.name}: no draft heads; speculate_heads needs them or lookup > 0")
+    use_heads(target, heads)
+    return heads
 
 
 def _checked(target, guesses: list[int], t_logits: np.ndarray, stats: DecodeStats,

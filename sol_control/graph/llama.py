@@ -535,6 +535,7 @@ def _switched_heads(g: _Writer, write, k: int) -> None:
     mine = used_inside - used_outside
     own = [t for t in g.inits if t.name in mine]
     g.inits[:] = [t for t in g.inits if t.name not in mine]
+    g.const_names -= mine  # a later const() of one of these names writes it again, outside the branch
     ids = helper.make_tensor_value_info
     on = helper.make_graph(body, "heads_on", [], [ids("heads.on_ids", TensorProto.INT64, [1, 1, k])], initializer=own)
     zeros = helper.make_tensor("heads.zeros", TensorProto.INT64, [1, 1, k], [0] * k)
