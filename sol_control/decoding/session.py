@@ -195,6 +195,9 @@ class DecoderSession:
         assert 0 <= n_keep <= self.length, (n_keep, self.length)
         self.length = n_keep
 
+    def use_heads(self, on: bool) -> None:
+        """FusedDecoderSession's switch for its draft heads; an Optimum-layout decoder has none."""
+
     def _compact(self) -> None:
         L, Lo, H, D = self.length, self._layout, self.n_heads, self.head_dim
         n_kv = 2 * self.n_layers

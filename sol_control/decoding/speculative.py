@@ -77,14 +77,6 @@ def _check_request(sess: DecoderSession, prefix, max_new_tokens: int) -> np.ndar
     return prefix
 
 
-def use_heads(sess, on: bool) -> None:
-    """Let a session's draft heads run (`on`) for decoding that reads their guesses, or not (plain
-    decoding, a draft model's speculation): FusedDecoderSession.use_heads; other sessions have none."""
-    switch = getattr(sess, "use_heads", None)
-    if switch is not None:
-        switch(on)
-
-
 @dataclass
 class Rule:
     """How tokens are picked and draft tokens accepted: greedy (temperature 0), optionally relaxed
@@ -174,7 +166,7 @@ def _plain(target, prefix, max_new_tokens, budget, rule: Rule, stop_ids: tuple[i
     t0 = time.monotonic_ns()
     budget = budget or Budget.unlimited()
     prefix = _check_request(target, prefix, max_new_tokens)
-    use_heads(target, False)
+    target.use_heads(False)  # plain decoding reads no guesses
     stats = DecodeStats()
     tokens, probs = _prefill(target, prefix, rule, stats, t0)
     while len(tokens) < max_new_tokens and tokens[-1] not in stop_ids and not budget.expired():
@@ -235,8 +227,7 @@ def speculate(draft: DecoderSession, target: DecoderSession, prefix, max_new_tok
     rule = Rule(temperature, top_p, rng, relax_delta, relax_range or (0, 0))
     prefix = _check_request(target, prefix, max_new_tokens)
     _check_request(draft, prefix, max_new_tokens)
-    use_heads(target, False)
-    use_heads(draft, False)
+    target.use_heads(False)  # the draft model guesses here, not the heads
     stats, seq = DecodeStats(), prefix.tolist()
     out, probs = _prefill(target, prefix, rule, stats, t0)
     while len(out) < max_new_tokens and out[-1] not in stop_ids and not budget.expired():
@@ -347,7 +338,7 @@ def _heads_on(target, lookup: int) -> bool:
     heads = target.draft_heads > 0
     if not heads and not lookup:
         raise ValueError(f"{target.name}: no draft heads; speculate_heads needs them or lookup > 0")
-    use_heads(target, heads)
+    target.use_heads(heads)
     return heads
 
 

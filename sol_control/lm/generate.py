@@ -64,10 +64,8 @@ def _ms(t0_ns: int) -> float:
 def plain_greedy(target, prefix: np.ndarray, max_new_tokens: int, stop_ids: tuple[int, ...],
                  on_token: Callable[[int], None] = lambda t: None) -> Generation:
     """Argmax each step until a stop id or max_new_tokens; `on_token` sees each id as it comes."""
-    from sol_control.decoding import use_heads
-
     t0 = time.monotonic_ns()
-    use_heads(target, False)
+    target.use_heads(False)  # plain decoding reads no guesses
     token = int(np.argmax(target.prefill(prefix)))  # prefill: the last prefix row's logits [vocab]
     ttft_ms, tokens = _ms(t0), [token]
     on_token(token)
