@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from .conftest import FIXTURES
+from .conftest import FIXTURES, bundle_dir
 from sol_control.bench.report import scaling
 from sol_control.bundle import Bundle
 
@@ -44,33 +44,71 @@ def test_the_slowest_percent_of_decisions_is_broken_down_by_stage():
     assert t["off_cpu"] == 7.0 and math.isnan(t["full_precision"])  # 20 - 2 queued - 11 on the CPU
 
 
-def test_speculative_rows_are_also_timed_alone_and_peers_are_compared_with_that():
-    from sol_control.bench.decode_bench import run_bench
+def test_each_round_times_every_row_alone_in_turn_and_also_interleaved(monkeypatch):
+    from sol_control.bench import decode_bench
+
+    calls = []  # (row, cold) of every decision, in order
+    decode = decode_bench.Row.decode
+
+    def logged(self, prefix, new_tokens, k, cold):
+        calls.append((self.name, cold))
+        return decode(self, prefix, new_tokens, k, cold)
+
+    monkeypatch.setattr(decode_bench.Row, "decode", logged)
+    monkeypatch.setattr(decode_bench, "PACE_S", 0.0)
+    bundle = Bundle.load(bundle_dir("qc"))  # a shipped bundle: draft heads, so heads rows
+    rep = decode_bench.run_bench(bundle, decisions=2, rounds=2, new_tokens=4, threads=1, k=None, show_progress=False)
+    names = [r["name"] for r in rep["rows"]]
+    speculative = {r["name"]: r["speculative"] for r in rep["rows"]}
+    n, paced = len(names), min(2, decode_bench.PACED_DECISIONS)
+    calls = calls[2 * n:]  # the warm-up: two cold decisions a row
+    for rnd in range(2):
+        interleaved, calls = calls[:2 * n], calls[2 * n:]
+        assert interleaved == [(name, False) for _ in range(2) for name in names]  # turns, decision by decision
+        for name in names[rnd:] + names[:rnd]:  # then each row alone: cold, warm, paced; the order rotates
+            block = [(name, True)] * 2 + [(name, False)] * 2
+            block += [(name, False)] * (paced if speculative[name] else 0)
+            assert calls[:len(block)] == block, (rnd, name)
+            calls = calls[len(block):]
+    assert calls == []
+    for r in rep["rows"]:
+        assert r["decision_ms_p50"] > 0 and r["interleaved_decision_ms_p50"] > 0 and r["cold_decision_ms_p50"] > 0
+        assert (r["paced_decision_ms_p50"] is not None) == r["speculative"], r["name"]
+    by = {r["name"]: r for r in rep["rows"]}
+    best, std = by[rep["ultrafast"]], by["standard fp32"]
+    for key, field in (("ratios", "decision_ms_p50"), ("ratios_interleaved", "interleaved_decision_ms_p50")):
+        assert math.isclose(rep[key]["ultrafast_vs_standard_decision"], std[field] / best[field])
+    assert math.isclose(rep["ratios_interleaved"]["ultrafast_vs_standard"],
+                        best["interleaved_decode_tokens_per_s"] / std["interleaved_decode_tokens_per_s"])
+    heads = [r for r in rep["rows"] if r["mode"] == "heads"]
+    assert heads and all(r["pass_ms_p50"] is None for r in rep["rows"] if r["mode"] != "heads")
+    k = bundle.manifest.target.draft_heads
+    assert all(set(r["pass_ms_p50"]) == {"1", str(k + 1)} for r in heads)
+    if best["mode"] == "heads":  # a perfect draft: K + 1 tokens a pass of K + 1 rows, over standard's rate
+        ms = best["pass_ms_p50"][str(k + 1)]
+        assert math.isclose(rep["ceiling_tokens"], (k + 1) / ms * 1e3 / std["decode_tokens_per_s"])
+    else:
+        assert rep["ceiling_tokens"] is None
+
+
+def test_peers_are_compared_with_our_fastest_speculative_row():
     from sol_control.bench.report import vs_best_peer
 
-    rep = run_bench(Bundle.load(FIXTURES / "tiny"), decisions=2, rounds=1, new_tokens=4, threads=1, k=None,
-                    show_progress=False)
-    for r in rep["rows"]:
-        assert (r["solo_decision_ms_p50"] is not None) == r["speculative"], r["name"]
-        assert (r["solo_cold_decision_ms_p50"] is not None) == r["speculative"], r["name"]
-        assert (r["solo_paced_decision_ms_p50"] is not None) == r["speculative"], r["name"]
-    ours = {"name": "int8 + draft", "speculative": True, "decision_ms_p50": 6.0, "cold_decision_ms_p50": 7.0,
-            "solo_decision_ms_p50": 4.0, "solo_cold_decision_ms_p50": 5.0}
-    other = {**ours, "name": "int4 + draft", "decision_ms_p50": 5.0, "solo_decision_ms_p50": 4.5}
+    ours = {"name": "int8 + draft", "speculative": True, "decision_ms_p50": 4.0, "cold_decision_ms_p50": 5.0}
+    other = {**ours, "name": "int4 + draft", "decision_ms_p50": 4.5}
+    plain = {**ours, "name": "int8 plain", "speculative": False, "decision_ms_p50": 1.0}
     peer = {"engine": "ort-genai", "mode": "plain", "precision": "int4", "decision_ms_p50": 6.0}
-    got = vs_best_peer({"rows": [ours, other]}, [peer, {**peer, "decision_ms_p50": 8.0}])
-    assert got["vs_best_peer"] == 1.5 and got["vs_best_peer_cold"] == 1.2  # the solo figures of the faster solo row
-    assert got["ours_vs_peer"]["name"] == "int8 + draft" and got["ours_vs_peer"]["timed"] == "solo"
-    interleaved = {k: v for k, v in ours.items() if not k.startswith("solo_")}
-    got = vs_best_peer({"rows": [interleaved]}, [peer], "_qc")
-    assert got["vs_best_peer_qc"] == 1.0 and got["ours_vs_peer_qc"]["timed"] == "interleaved"
+    got = vs_best_peer({"rows": [plain, ours, other]}, [peer, {**peer, "decision_ms_p50": 8.0}])
+    assert got["vs_best_peer"] == 1.5 and got["vs_best_peer_cold"] == 1.2  # the best peer row over our faster row
+    assert got["ours_vs_peer"] == {"name": "int8 + draft", "decision_ms_p50": 4.0, "cold_decision_ms_p50": 5.0}
+    assert vs_best_peer({"rows": [ours]}, [peer], "_qc")["vs_best_peer_qc"] == 1.5
 
 
 def test_the_node_fast_path_is_compared_with_its_solo_and_paced_decisions():
     from sol_control.bench.report import markdown, node_fast_path
 
-    row = {"name": "int8 + heads", "solo_decision_ms_p50": 1.0, "solo_paced_decision_ms_p50": 2.5}
-    decode = {"grasp": {"rows": [{"name": "int4 + heads", "solo_decision_ms_p50": 0.5}, row]},
+    row = {"name": "int8 + heads", "decision_ms_p50": 1.0, "paced_decision_ms_p50": 2.5}
+    decode = {"grasp": {"rows": [{"name": "int4 + heads", "decision_ms_p50": 0.5}, row]},
               "qc": {"rows": [row]}}
     e2e = {"grasp": {"ultrafast": {"fast_path_p50_ms": 3.0}}, "qc": {"ultrafast": {"fast_path_p50_ms": float("nan")}}}
     got = node_fast_path(decode, e2e)

@@ -2,8 +2,10 @@
 
 Rows (those the bundle can run): the standard (fp32 target, plain greedy), int8 and int4 plain,
 int8 / int4 with the target's own draft heads, int8 / int4 with the draft model. Every row decodes
-the same decision prefixes on sessions of its own; rounds interleave the rows so a noisy neighbour
-slows all of them alike, and ratios are taken within the run.
+the same decision prefixes on sessions of its own. Each round times every row alone, one after
+another (the order rotating from round to round), as a deployment runs one configuration; rounds
+alternate the rows, so a noisy neighbour slows all of them alike, and ratios are taken within the
+run.
 
 A decision is timed twice per round. Warm, as the node runs it: the session keeps what it cached
 for the previous frame, so a static-first prefix (the grasp prefix's parked-arm joints) is not
@@ -12,18 +14,19 @@ peer without cross-frame caches pays). `decision_ms_*` are warm; `cold_decision_
 them. Tokens/s are from the warm runs. CPU time per decision (the decoding thread, ONNX Runtime's
 included at 1 intra-op thread) and joules (sol_control.energy) come with every row.
 
-Solo: after the interleaved rounds, each speculative row runs the same decisions again on its own
-(`solo_decision_ms_p50`, `solo_cold_decision_ms_p50`), as a deployment runs one configuration and
-as a peer engine's worker times its rows one after another. Interleaving seven configurations
-decision by decision evicts each one's weights from the CPU caches (grasp int8 + heads: ~6.1 ms a
-decision interleaved, ~4.9 ms solo on the AVX2 host); comparisons with peers use the solo figures.
+Interleaved (`interleaved_decision_ms_p50`, `ratios_interleaved`): each round also decodes the
+prefixes warm with all rows taking turns decision by decision, as this bench timed every row until
+2026-12-07. Seven configurations' weights then evict each other from the CPU caches between two
+decisions of one row, which costs the small speculative rows most (grasp int8 + heads on the Zen 4
+host: 1.65 ms a decision interleaved, 1.14-1.18 ms alone; the standard row 4.43 against 3.92 ms):
+a figure of no deployment, kept beside the main one for comparison with earlier reports.
 
-Paced (`solo_paced_decision_ms_p50`): the same row, warm, one decision every 1/30 s with the thread
-asleep in between, as the node meets its camera frames. On a shared or virtualised host the CPU's
-caches do not survive the sleep: on the AVX-512 host of docs/BENCHMARKS.md ("A decision after an
-idle frame") a grasp int8 + heads decision took 1.1-1.3 ms back to back and 3.0-3.3 ms after 10-30
-ms asleep, its first ONNX Runtime call 0.9 ms instead of 0.28. That, not the node, is most of the
-fast path's gap between the node and the solo figure.
+Paced (`paced_decision_ms_p50`, speculative rows): the same row, warm, one decision every 1/30 s
+with the thread asleep in between, as the node meets its camera frames. On a shared or virtualised
+host the CPU's caches do not survive the sleep: on the AVX-512 host of docs/BENCHMARKS.md ("A
+decision after an idle frame") a grasp int8 + heads decision took 1.1-1.3 ms back to back and
+3.0-3.3 ms after 10-30 ms asleep, its first ONNX Runtime call 0.9 ms instead of 0.28. That, not the
+node, is most of the fast path's gap between the node and its decision alone.
 """
 from __future__ import annotations
 
@@ -40,7 +43,7 @@ from ..decoding import AdaptiveK, greedy, open_decoder, speculate, speculate_hea
 from ..energy import EnergyMeter, energy_row
 from .common import default_bundle, memory_bandwidth_gbs, pct, progress, table
 
-PACE_S = 1 / 30  # paced solo timing: one decision per camera frame at 30 Hz, asleep in between
+PACE_S = 1 / 30  # paced timing: one decision per camera frame at 30 Hz, asleep in between
 PACED_DECISIONS = 20  # per round (each costs a frame period of wall time)
 
 # (row name, target precision, how it drafts)
@@ -74,12 +77,13 @@ class Row:
     target: object = None
     draft: object = None
     controller: AdaptiveK | None = None
-    decision_ms: list[float] = field(default_factory=list)  # warm
+    decision_ms: list[float] = field(default_factory=list)  # warm, this row alone
     cold_ms: list[float] = field(default_factory=list)
-    solo_ms: list[float] = field(default_factory=list)  # warm, this row alone (speculative rows)
-    solo_cold_ms: list[float] = field(default_factory=list)
-    solo_paced_ms: list[float] = field(default_factory=list)  # warm, alone, one decision per PACE_S
+    paced_ms: list[float] = field(default_factory=list)  # warm, one decision per PACE_S (speculative rows)
+    interleaved_ms: list[float] = field(default_factory=list)  # warm, the rows taking turns decision by decision
     decode_tok_s: list[float] = field(default_factory=list)  # per round: tokens after the prefill call / decode time
+    interleaved_decode_tok_s: list[float] = field(default_factory=list)
+    pass_ms: dict[int, list[float]] = field(default_factory=dict)  # heads rows: rows of a call -> ms of such calls
     e2e_tok_s: list[float] = field(default_factory=list)  # per round: all new tokens / total wall time
     ttft_ms: list[float] = field(default_factory=list)
     cpu_s: float = 0.0
@@ -111,10 +115,11 @@ class Row:
             "name": self.name, "precision": self.precision, "speculative": self.speculative, "mode": self.mode,
             "decision_ms_p50": pct(self.decision_ms, 50), "decision_ms_p99": pct(self.decision_ms, 99),
             "cold_decision_ms_p50": pct(self.cold_ms, 50),
-            "solo_decision_ms_p50": pct(self.solo_ms, 50) if self.solo_ms else None,
-            "solo_cold_decision_ms_p50": pct(self.solo_cold_ms, 50) if self.solo_cold_ms else None,
-            "solo_paced_decision_ms_p50": pct(self.solo_paced_ms, 50) if self.solo_paced_ms else None,
+            "paced_decision_ms_p50": pct(self.paced_ms, 50) if self.paced_ms else None,
+            "interleaved_decision_ms_p50": pct(self.interleaved_ms, 50),
             "decode_tokens_per_s": pct(self.decode_tok_s, 50),
+            "interleaved_decode_tokens_per_s": pct(self.interleaved_decode_tok_s, 50),
+            "pass_ms_p50": {str(rows): pct(ms, 50) for rows, ms in sorted(self.pass_ms.items())} or None,
             "decode_tokens_per_s_min": min(self.decode_tok_s), "decode_tokens_per_s_max": max(self.decode_tok_s),
             "tokens_per_s": pct(self.e2e_tok_s, 50),
             "ttft_ms_p50": pct(self.ttft_ms, 50),
@@ -184,24 +189,12 @@ def run_bench(bundle: Bundle, decisions: int, rounds: int, new_tokens: int, thre
             r.decode(prefix, new_tokens, k, cold=True)
     t_start = time.monotonic()
     for rnd in range(rounds):
-        per_round = {r.name: [0, 0.0, 0, 0.0] for r in rows}  # tokens, wall ms, decode tokens, decode ms
-        for i, prefix in enumerate(prefixes):
-            for r in rows:
-                r.cold_ms.append(_timed(r, prefix, new_tokens, k, cold=True).stats.wall_ms)
-        for i, prefix in enumerate(prefixes):  # warm: frame i after frame i - 1, as in the node
-            for r in rows:
-                res = _timed(r, prefix, new_tokens, k, cold=False)
-                _record(r, res, per_round[r.name], rnd == 0)
+        _interleaved(rows, prefixes, new_tokens, k)
+        turn = rnd % len(rows)
+        for j, r in enumerate(rows[turn:] + rows[:turn]):
+            _alone(r, prefixes, new_tokens, k, rnd == 0)
             if show_progress:
-                progress(f"round {rnd + 1}/{rounds}  decision {i + 1}/{len(prefixes)}  "
-                         f"{time.monotonic() - t_start:5.1f} s")
-        for r in rows:
-            tok, ms, dtok, dms = per_round[r.name]
-            r.e2e_tok_s.append(tok / ms * 1e3)
-            r.decode_tok_s.append(dtok / dms * 1e3 if dms > 0 else float("nan"))
-    for r in rows:
-        if r.speculative:
-            _solo(r, prefixes, new_tokens, k, rounds)
+                progress(f"round {rnd + 1}/{rounds}  row {j + 1}/{len(rows)}  {time.monotonic() - t_start:5.1f} s")
     if show_progress:
         progress("", end="\n")
     meter.update()
@@ -211,20 +204,63 @@ def run_bench(bundle: Bundle, decisions: int, rounds: int, new_tokens: int, thre
                    threads)
 
 
-def _solo(r: Row, prefixes, new_tokens: int, k, rounds: int) -> None:
-    """Time row `r` alone on the same decisions, per round: cold, warm (frame after frame), and
-    warm with the thread asleep for a frame period (PACE_S) before each decision."""
-    for _ in range(rounds):
-        for prefix in prefixes:
-            r.solo_cold_ms.append(r.decode(prefix, new_tokens, k, cold=True).stats.wall_ms)
-        for prefix in prefixes:
-            r.solo_ms.append(r.decode(prefix, new_tokens, k, cold=False).stats.wall_ms)
+def _alone(r: Row, prefixes, new_tokens: int, k, first_round: bool) -> None:
+    """One round of row `r` alone: every prefix cold, then warm (frame after frame, the figures of
+    record), then, for a speculative row, PACED_DECISIONS warm with the thread asleep for a frame
+    period (PACE_S) before each."""
+    for prefix in prefixes:
+        r.cold_ms.append(_timed(r, prefix, new_tokens, k, cold=True).stats.wall_ms)
+    acc = [0, 0.0, 0, 0.0]  # tokens, wall ms, decode tokens, decode ms
+    for prefix in prefixes:
+        res = _timed(r, prefix, new_tokens, k, cold=False)
+        _record(r, res, acc, first_round)
+    tok, ms, dtok, dms = acc
+    r.e2e_tok_s.append(tok / ms * 1e3)
+    r.decode_tok_s.append(_rate(dtok, dms))
+    if r.speculative:
         for prefix in prefixes[:PACED_DECISIONS]:
             time.sleep(PACE_S)
-            r.solo_paced_ms.append(r.decode(prefix, new_tokens, k, cold=False).stats.wall_ms)
+            r.paced_ms.append(r.decode(prefix, new_tokens, k, cold=False).stats.wall_ms)
+    if r.mode == "heads":
+        _time_passes(r, prefixes)
+
+
+def _time_passes(r: Row, prefixes) -> None:
+    """What a call of 1 and of K + 1 tokens (K draft heads, switched on) costs after each prefix:
+    the pass a perfect draft would need for K + 1 tokens, for `ceiling_tokens`."""
+    t, k = r.target, r.target.draft_heads
+    t.use_heads(True)
+    for i, prefix in enumerate(prefixes):
+        answer = np.asarray(r.outputs[i % len(r.outputs)], np.int64)  # real ids; how many are right hardly matters
+        for rows in (1, k + 1):
+            t.prefill(prefix)
+            n = t.length
+            t0 = time.perf_counter_ns()
+            t.forward(np.resize(answer, rows))
+            r.pass_ms.setdefault(rows, []).append((time.perf_counter_ns() - t0) / 1e6)
+            t.rewind(n)
+
+
+def _interleaved(rows: list[Row], prefixes, new_tokens: int, k) -> None:
+    """One warm pass with the rows taking turns decision by decision (the module docstring)."""
+    acc = {r.name: [0, 0.0] for r in rows}  # decode tokens, decode ms
+    for prefix in prefixes:
+        for r in rows:
+            s = r.decode(prefix, new_tokens, k, cold=False).stats
+            r.interleaved_ms.append(s.wall_ms)
+            acc[r.name][0] += s.decode_tokens
+            acc[r.name][1] += s.decode_ms
+    for r in rows:
+        r.interleaved_decode_tok_s.append(_rate(*acc[r.name]))
+
+
+def _rate(tokens: int, ms: float) -> float:
+    return tokens / ms * 1e3 if ms > 0 else float("nan")
 
 
 def _record(r: Row, res, acc: list, first_round: bool) -> None:
+    """A warm decision alone: its times, its tokens into `acc` (tokens, wall ms, decode tokens,
+    decode ms), its output (first round) and acceptance."""
     s = res.stats
     r.decision_ms.append(s.wall_ms)
     r.ttft_ms.append(s.ttft_ms)
@@ -264,7 +300,13 @@ def _report(bundle, rows, targets, new_tokens, n_prefixes, rounds, threads) -> d
             "ultrafast_vs_standard_decision": std["decision_ms_p50"] / best["decision_ms_p50"],
             "ultrafast_vs_standard_e2e_tokens": best["tokens_per_s"] / std["tokens_per_s"],
         },
+        "ratios_interleaved": {  # the same rows, timed decision by decision in turns (module docstring)
+            "speculative_vs_plain": best["interleaved_decode_tokens_per_s"] / plain_same["interleaved_decode_tokens_per_s"],
+            "ultrafast_vs_standard": best["interleaved_decode_tokens_per_s"] / std["interleaved_decode_tokens_per_s"],
+            "ultrafast_vs_standard_decision": std["interleaved_decision_ms_p50"] / best["interleaved_decision_ms_p50"],
+        },
         "ultrafast": best["name"],
+        "ceiling_tokens": _ceiling(best, std),
         "outputs_match_standard": all(r["match_standard"] == 1.0 for r in rows),
         "speculative_lossless": all(r["match_plain_same_target"] == 1.0 for r in rows),
         "mean_accepted": best["mean_accepted"],
@@ -274,31 +316,46 @@ def _report(bundle, rows, targets, new_tokens, n_prefixes, rounds, threads) -> d
     }
 
 
+def _ceiling(best: dict, std: dict) -> float | None:
+    """Decode tokens/s over standard's that the ultrafast row's pass would give if every guess were
+    right: K + 1 tokens a call of K + 1 rows (`pass_ms_p50`). None for a draft-model row."""
+    if not best["pass_ms_p50"]:
+        return None
+    rows = max(best["pass_ms_p50"], key=int)
+    return int(rows) / best["pass_ms_p50"][rows] * 1e3 / std["decode_tokens_per_s"]
+
+
 def print_report(rep: dict) -> None:
     head = ["config", "decode tok/s (min-max)", "tok/s incl. prefill", "ms/decision p50", "p99", "cold p50",
-            "TTFT ms", "mean acc.", "CPU ms", "mJ", "= std", "= plain"]
+            "interleaved p50", "TTFT ms", "mean acc.", "CPU ms", "mJ", "= std", "= plain"]
     body = []
     for r in rep["rows"]:
         body.append([r["name"],
                      f"{r['decode_tokens_per_s']:8.0f} ({r['decode_tokens_per_s_min']:.0f}-{r['decode_tokens_per_s_max']:.0f})",
                      f"{r['tokens_per_s']:.0f}", f"{r['decision_ms_p50']:.2f}", f"{r['decision_ms_p99']:.2f}",
-                     f"{r['cold_decision_ms_p50']:.2f}", f"{r['ttft_ms_p50']:.2f}",
+                     f"{r['cold_decision_ms_p50']:.2f}", f"{r['interleaved_decision_ms_p50']:.2f}",
+                     f"{r['ttft_ms_p50']:.2f}",
                      "-" if r["mean_accepted"] is None else f"{r['mean_accepted']:.2f}",
                      f"{r['cpu_ms_per_decision']:.2f}", f"{1e3 * r['joules_per_decision']:.1f}",
                      f"{r['match_standard']:.0%}", f"{r['match_plain_same_target']:.0%}"])
     print(f"\nbundle {rep['bundle']} ({rep['task']}): {rep['decisions']} decisions x {rep['rounds']} rounds, "
-          f"{rep['new_tokens']} tokens each, {rep['threads']} thread(s); ms/decision warm (static prefix kept, "
-          f"as in the node), cold = empty cache")
+          f"{rep['new_tokens']} tokens each, {rep['threads']} thread(s), each row alone in turn; ms/decision warm "
+          f"(static prefix kept, as in the node), cold = empty cache, interleaved = warm with the rows taking turns "
+          f"decision by decision")
     print(table(head, body))
     for r in rep["rows"]:
-        if r["solo_decision_ms_p50"] is not None:
-            print(f"{r['name']} alone: {r['solo_decision_ms_p50']:.2f} ms warm, {r['solo_cold_decision_ms_p50']:.2f} ms "
-                  f"cold, {r['solo_paced_decision_ms_p50']:.2f} ms paced (one decision every "
+        if r["paced_decision_ms_p50"] is not None:
+            print(f"{r['name']} paced: {r['paced_decision_ms_p50']:.2f} ms (one decision every "
                   f"{1e3 * PACE_S:.0f} ms, asleep between)")
-    ra = rep["ratios"]
-    print(f"speculative vs plain (same target): {ra['speculative_vs_plain']:.2f}x   "
-          f"ultrafast ({rep['ultrafast']}) vs standard: {ra['ultrafast_vs_standard']:.2f}x decode tok/s, "
-          f"{ra['ultrafast_vs_standard_decision']:.2f}x ms/decision; mean accepted {rep['mean_accepted']:.2f}")
+    for label, ra in (("", rep["ratios"]), ("interleaved: ", rep["ratios_interleaved"])):
+        print(f"{label}speculative vs plain (same target): {ra['speculative_vs_plain']:.2f}x   "
+              f"ultrafast ({rep['ultrafast']}) vs standard: {ra['ultrafast_vs_standard']:.2f}x decode tok/s, "
+              f"{ra['ultrafast_vs_standard_decision']:.2f}x ms/decision")
+    passes = next(r["pass_ms_p50"] for r in rep["rows"] if r["name"] == rep["ultrafast"])
+    ceiling = "" if passes is None else (
+        f"; a call of {' / '.join(passes)} rows {' / '.join(f'{ms:.3f}' for ms in passes.values())} ms: with every "
+        f"guess right {rep['ceiling_tokens']:.2f}x standard's decode tok/s at most")
+    print(f"mean accepted {rep['mean_accepted']:.2f}{ceiling}")
     print(f"energy: {rep['rows'][0]['joules_per_decision_basis']} ({rep['rows'][0]['energy_assumption']})")
     for prec, s in rep["weight_streaming"].items():
         print(f"  {prec}: {s['per_token_ms']:.3f} ms/token vs {s['stream_ms']:.3f} ms to stream "

@@ -181,6 +181,9 @@ def run(args: argparse.Namespace) -> int:
         g = decode["grasp"]["ratios"]
         summary["ultrafast_vs_standard_tokens"] = g["ultrafast_vs_standard"]
         summary["ultrafast_vs_standard_decision"] = g["ultrafast_vs_standard_decision"]
+        summary["ultrafast_vs_standard_decision_interleaved"] = decode["grasp"]["ratios_interleaved"][
+            "ultrafast_vs_standard_decision"]
+        summary["ultrafast_ceiling_tokens"] = decode["grasp"]["ceiling_tokens"]
     if "e2e" not in args.skip:
         summary["e2e"] = _e2e(args)
         if summary["e2e"]:
@@ -211,25 +214,21 @@ def run(args: argparse.Namespace) -> int:
 def vs_best_peer(decode: dict | None, peer_rows: list[dict], suffix: str = "") -> dict:
     """The best peer row's ms per decision over our best speculative row's, on the same weights and
     prefixes (`vs_best_peer{suffix}`; > 1: we are faster). Ours is timed as the node runs a
-    decision (decode bench, warm: a static-first prefix is kept) and on its own, as each peer row
-    is (the decode bench's solo figures; the interleaved ones where a report has none); the peers
+    decision (decode bench, warm: a static-first prefix is kept) and alone, as each peer row is;
+    the peers
     without cross-frame caches, as their own loop runs it. Whole decisions, first token included: a
     peer's decode-only rate leaves out its first step, which for a speculative peer already emits
     several tokens."""
     if not decode or not peer_rows:
         return {}
 
-    def ms(row: dict, key: str) -> float:
-        return row.get(f"solo_{key}") or row[key]
-
-    ours = min((r for r in decode["rows"] if r["speculative"]), key=lambda r: ms(r, "decision_ms_p50"))
+    ours = min((r for r in decode["rows"] if r["speculative"]), key=lambda r: r["decision_ms_p50"])
     best = min(peer_rows, key=lambda r: r["decision_ms_p50"])
     keys = ("decision_ms_p50", "cold_decision_ms_p50")
-    return {f"vs_best_peer{suffix}": best["decision_ms_p50"] / ms(ours, keys[0]),
-            f"vs_best_peer{suffix}_cold": best["decision_ms_p50"] / ms(ours, keys[1]),
+    return {f"vs_best_peer{suffix}": best["decision_ms_p50"] / ours[keys[0]],
+            f"vs_best_peer{suffix}_cold": best["decision_ms_p50"] / ours[keys[1]],
             f"best_peer{suffix}": {k: best[k] for k in ("engine", "mode", "precision", "decision_ms_p50")},
-            f"ours_vs_peer{suffix}": {"name": ours["name"], **{k: ms(ours, k) for k in keys},
-                                      "timed": "solo" if ours.get("solo_decision_ms_p50") else "interleaved"}}
+            f"ours_vs_peer{suffix}": {"name": ours["name"], **{k: ours[k] for k in keys}}}
 
 
 def node_fast_path(decode: dict, e2e: dict) -> dict:
@@ -241,9 +240,9 @@ def node_fast_path(decode: dict, e2e: dict) -> dict:
     for task, rep in decode.items():
         row = next((r for r in rep["rows"] if r["name"] == paired.OURS), None)
         in_node = e2e.get(task, {}).get("ultrafast", {}).get("fast_path_p50_ms")
-        if row is None or not row.get("solo_decision_ms_p50") or in_node is None or not math.isfinite(in_node):
+        if row is None or not row.get("paced_decision_ms_p50") or in_node is None or not math.isfinite(in_node):
             continue
-        solo, paced = row["solo_decision_ms_p50"], row["solo_paced_decision_ms_p50"]
+        solo, paced = row["decision_ms_p50"], row["paced_decision_ms_p50"]
         out[task] = {"row": row["name"], "in_node_ms": in_node, "solo_ms": solo, "paced_ms": paced,
                      "vs_solo": in_node / solo, "vs_paced": in_node / paced}
     return out
@@ -276,7 +275,16 @@ def _md_decode(s: dict) -> list[str]:
                      f"{best['decode_tokens_per_s']:.0f} tok/s = {best['decode_tokens_per_s'] / std['decode_tokens_per_s']:.1f}x; "
                      f"per decision {std['decision_ms_p50']:.2f} ms → {best['decision_ms_p50']:.2f} ms = "
                      f"{std['decision_ms_p50'] / best['decision_ms_p50']:.1f}x ({rep['new_tokens']} tokens, "
-                     f"mean accepted {best['mean_accepted'] or 0:.2f})")
+                     f"mean accepted {best['mean_accepted'] or 0:.2f}; each row timed alone in turn)")
+        lines.append("")
+        if "ratios_interleaved" in rep:
+            ri = rep["ratios_interleaved"]
+            lines.append(f"- Interleaved, the rows taking turns decision by decision (weights evicting each other): "
+                         f"{ri['ultrafast_vs_standard']:.1f}x tokens/s, {ri['ultrafast_vs_standard_decision']:.1f}x "
+                         f"a decision, speculative vs plain {ri['speculative_vs_plain']:.2f}x")
+        if rep.get("ceiling_tokens"):
+            lines.append(f"- Ceiling: with every guess right, {best['name']}'s passes would give "
+                         f"{rep['ceiling_tokens']:.2f}x standard's decode tokens/s (`ceiling_tokens`)")
         lines.append("")
         head = ["config", "decode tok/s", "min-max", "ms/decision p50", "p99", "TTFT ms", "mean acc.", "= std"]
         body = [[r["name"], f"{r['decode_tokens_per_s']:.0f}",
@@ -340,7 +348,7 @@ def _md_peers(s: dict) -> list[str]:
         if f"vs_best_peer{suffix}" in s:
             bp, ours = s[f"best_peer{suffix}"], s[f"ours_vs_peer{suffix}"]
             lines.append(f"Best peer row ({bp['engine']} {bp['mode']} {bp['precision']}): {bp['decision_ms_p50']:.2f} ms "
-                         f"per decision; ours ({ours['name']}, timed {ours.get('timed', 'interleaved')}): "
+                         f"per decision; ours ({ours['name']}, alone): "
                          f"{ours['decision_ms_p50']:.2f} ms as the node runs it "
                          f"(static prefix kept), {ours['cold_decision_ms_p50']:.2f} ms cold -> vs_best_peer{suffix} "
                          f"{s[f'vs_best_peer{suffix}']:.2f}x ({s[f'vs_best_peer{suffix}_cold']:.2f}x cold)")

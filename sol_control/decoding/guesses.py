@@ -32,6 +32,8 @@ class AnswerGuesser:
     def __init__(self, weights: list[np.ndarray], ids: list[np.ndarray]):
         self.weights = [np.ascontiguousarray(w, np.float32) for w in weights]
         self.ids = [np.asarray(i, np.int64) for i in ids]
+        self._all = np.concatenate(self.weights, axis=1)  # [vocab, sum n_j]: the prefix's rows in one gather
+        self._cols = np.cumsum([0] + [w.shape[1] for w in self.weights]).tolist()
 
     @property
     def positions(self) -> int:
@@ -39,12 +41,13 @@ class AnswerGuesser:
 
     def guess(self, prefix: np.ndarray, n: int | None = None) -> list[int]:
         """The first min(n, positions) answer tokens this model expects after `prefix` [L] int64."""
-        tokens = list(np.asarray(prefix, np.int64))
+        n = self.positions if n is None else min(n, self.positions)
+        scores = self._all[np.asarray(prefix, np.int64)].sum(axis=0)  # every position's sums at once
         out: list[int] = []
-        for w, ids in zip(self.weights[:n], self.ids[:n]):
-            tok = int(ids[int(np.argmax(w[tokens].sum(axis=0)))])
-            out.append(tok)
-            tokens.append(tok)
+        for j, ids in enumerate(self.ids[:n]):
+            out.append(int(ids[int(np.argmax(scores[self._cols[j]:self._cols[j + 1]]))]))
+            if j + 1 < n:
+                scores += self._all[out[-1]]  # the guess counts as a token for the positions after it
         return out
 
     def save(self, path: Path) -> None:
