@@ -207,7 +207,7 @@ def run_bench(bundle: Bundle, decisions: int, rounds: int, new_tokens: int, thre
 def _alone(r: Row, prefixes, new_tokens: int, k, first_round: bool) -> None:
     """One round of row `r` alone: every prefix cold, then warm (frame after frame, the figures of
     record), then, for a speculative row, PACED_DECISIONS warm with the thread asleep for a frame
-    period (PACE_S) before each."""
+    period (PACE_S) before each; for a heads row last, what its passes cost (`_time_passes`)."""
     for prefix in prefixes:
         r.cold_ms.append(_timed(r, prefix, new_tokens, k, cold=True).stats.wall_ms)
     acc = [0, 0.0, 0, 0.0]  # tokens, wall ms, decode tokens, decode ms

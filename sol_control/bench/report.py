@@ -215,10 +215,9 @@ def vs_best_peer(decode: dict | None, peer_rows: list[dict], suffix: str = "") -
     """The best peer row's ms per decision over our best speculative row's, on the same weights and
     prefixes (`vs_best_peer{suffix}`; > 1: we are faster). Ours is timed as the node runs a
     decision (decode bench, warm: a static-first prefix is kept) and alone, as each peer row is;
-    the peers
-    without cross-frame caches, as their own loop runs it. Whole decisions, first token included: a
-    peer's decode-only rate leaves out its first step, which for a speculative peer already emits
-    several tokens."""
+    the peers without cross-frame caches, as their own loop runs it. Whole decisions, first token
+    included: a peer's decode-only rate leaves out its first step, which for a speculative peer
+    already emits several tokens."""
     if not decode or not peer_rows:
         return {}
 
