@@ -405,3 +405,14 @@ def test_quantized_target_opened_directly_keeps_speculative_equal_to_plain(bundl
             for k in (1, 3, 6):
                 assert speculate(drafts["close"], direct, prefix, 16, k=k).tokens == plain, (prec, k)
     assert DecoderSession(bundle.decoder_path("target", "fp32"), 64).min_step_tokens == 1
+
+
+@pytest.mark.parametrize("threads, spinning", [(1, "0"), (2, "1")])
+def test_worker_threads_spin_within_a_run_only(bundle, threads, spinning):
+    """With worker threads, a session's pool spins between nodes but stops when the run returns,
+    so that it does not take a core from the next session's run (session_options' docstring)."""
+    sess = open_decoder(bundle, "target", "fp32", threads=threads).session
+    opts = sess.get_session_options()
+    assert opts.intra_op_num_threads == threads
+    assert opts.get_session_config_entry("session.intra_op.allow_spinning") == spinning
+    assert opts.get_session_config_entry("session.force_spinning_stop") == spinning
