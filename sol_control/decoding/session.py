@@ -26,11 +26,11 @@ _PRESENT = re.compile(r"^present\.(\d+)\.(key|value)$")
 
 def session_options(threads: int = 1) -> ort.SessionOptions:
     """Our sessions' options. With more than one intra-op thread the pool's workers spin between
-    the nodes of a run (a sleeping worker takes ~10-50 µs to wake, per node) but stop when the run
-    returns (`session.force_spinning_stop`): left alone they spin on for ~40 ms after it, taking a
-    core from whatever runs next, another session of the process or another process (SmolLM2 int4,
-    2 threads: a session's first calls after another's 11-15 ms instead of 6.2; docs/BENCHMARKS.md,
-    "Spinning stops when a run returns")."""
+    the nodes of a run (without it a 2-thread grasp decision took 23-30 % longer: docs/BENCHMARKS.md,
+    "Session settings on 2 cores") but stop when the run returns (`session.force_spinning_stop`):
+    left alone they spin on for ~40 ms after it, taking a core from whatever runs next, another
+    session of the process or another process (SmolLM2 int4, 2 threads: a session's first calls
+    after another's 11-15 ms instead of 6.2; "Spinning stops when a run returns" there)."""
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
