@@ -242,7 +242,8 @@ def _time_passes(r: Row, prefixes) -> None:
 
 
 def _interleaved(rows: list[Row], prefixes, new_tokens: int, k) -> None:
-    """One warm pass with the rows taking turns decision by decision (the module docstring)."""
+    """One warm pass with the rows taking turns decision by decision (the module docstring); its
+    decisions count in no other figure (CPU time and joules come from the rows alone)."""
     acc = {r.name: [0, 0.0] for r in rows}  # decode tokens, decode ms
     for prefix in prefixes:
         for r in rows:

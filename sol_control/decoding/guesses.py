@@ -30,10 +30,10 @@ class AnswerGuesser:
     """Guesses of an answer's first `positions` tokens from its prefix (module docstring)."""
 
     def __init__(self, weights: list[np.ndarray], ids: list[np.ndarray]):
-        self.weights = [np.ascontiguousarray(w, np.float32) for w in weights]
         self.ids = [np.asarray(i, np.int64) for i in ids]
-        self._all = np.concatenate(self.weights, axis=1)  # [vocab, sum n_j]: the prefix's rows in one gather
-        self._cols = np.cumsum([0] + [w.shape[1] for w in self.weights]).tolist()
+        self._all = np.concatenate([np.asarray(w, np.float32) for w in weights], axis=1)  # [vocab, sum n_j]
+        self._cols = np.cumsum([0] + [w.shape[1] for w in weights]).tolist()
+        self.weights = [self._all[:, a:b] for a, b in zip(self._cols, self._cols[1:])]  # views, not copies
 
     @property
     def positions(self) -> int:
