@@ -1,5 +1,5 @@
-"""What one more row costs ONNX Runtime's int4 MatMulNBits on this CPU (docs/BENCHMARKS.md, "SmolLM2's
-5x on the Zen 4 host").
+"""What one more row costs ONNX Runtime's int4 MatMulNBits on this CPU (docs/BENCHMARKS.md, "The two
+5x figures on the Zen 4 host").
 
 A verify pass of T rows multiplies T activation rows by every int4 linear. Where the kernel reuses
 the unpacked weights across rows, rows after the first are nearly free and speculation pays at any
@@ -13,11 +13,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sol_control.decoding.session import session_options  # noqa: E402
 
 BLOCK = 32
 
@@ -36,9 +42,7 @@ def nbits_session(k: int, n: int, accuracy: int, nodes: int, seed: int = 0) -> o
     graph = helper.make_graph(graph_nodes, "nbits", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "M", k])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(model.SerializeToString(), session_options(1), providers=["CPUExecutionProvider"])
 
 
 def node_ms(session: ort.InferenceSession, x: np.ndarray, nodes: int, runs: int) -> float:
