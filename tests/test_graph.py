@@ -290,6 +290,27 @@ def test_rewind_and_prefix_reuse_equal_a_fresh_session(fused, precision):
         sess.forward(np.ones(sess.max_context, np.int64))
 
 
+def test_each_call_shape_keeps_its_binding_and_reads_the_current_ids(fused, monkeypatch):
+    """Shapes that come back (a prefill, verify passes of 5, 3, 5 rows) reuse the binding made for
+    them, and it reads this call's ids and cache, not the ones of the call it was made for; past
+    MAX_SHAPES the least recently used binding is dropped and made anew when its shape returns."""
+    from sol_control.decoding.fused import _Binding
+
+    monkeypatch.setattr(_Binding, "MAX_SHAPES", 3)
+    rng = np.random.default_rng(9)
+    prefix = rng.integers(4, 1290, 12)
+    sess, fresh = FusedDecoderSession(fused["int8"]), FusedDecoderSession(fused["int8"])
+    sess.prefill(prefix)
+    for i, T in enumerate([5, 3, 5, 1, 5, 2, 3]):
+        ids = rng.integers(1290, 1546, T)
+        got = sess.forward(ids).copy()
+        fresh.reset()
+        fresh.forward(sess.tokens[:sess.length - T])
+        assert np.array_equal(got, fresh.forward(ids)), f"call {i}: {T} ids"
+        assert len(sess._main._shapes) <= 3 and sess._main.bound == (T, T)
+    assert list(sess._main._shapes) == [(5, 5), (2, 2), (3, 3)]  # the three most recently used, oldest first
+
+
 ROW_EXACT_ON_EVERY_CPU = ("fp32", "int8")  # int4's MatMulNBits rows: on AVX-512, not on AVX2 (fused.py)
 IDENTICAL = {"identical": 1.0, "max_abs_diff": 0.0}
 
