@@ -13,9 +13,9 @@ Past and present of each layer are bound to one preallocated buffer of C positio
 reads rows [0, L+T). So the cache is never copied: `rewind(n)` only moves the length, and the next
 call overwrites the dropped rows. A call writes ids and three scalars into preallocated arrays and
 runs the IO binding made for its shape (T, rows read) the first time that shape came (`_Binding`:
-binding anew at every change cost ~19 µs a grasp call). `forward(ids, rows)` returns the last `rows` rows' logits (default all
-T, at most `max_rows`); `prefill` reads one row, so the lm_head runs once per prefill, not once per
-prefix token, in chunks of up to `max_step_tokens` (512) ids.
+binding anew at every change cost ~19 µs a grasp call). `forward(ids, rows)` returns the last
+`rows` rows' logits (default all T, at most `max_rows`); `prefill` reads one row, so the lm_head
+runs once per prefill, not once per prefix token, in chunks of up to `max_step_tokens` (512) ids.
 
 With the query pad (the builder's default; a graph with the pad input gets the pad row in one-token
 calls only) a one-token pass gives bit for bit the logits the same token gets inside a
