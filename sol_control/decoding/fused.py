@@ -147,10 +147,10 @@ class FusedDecoderSession:
         self.guesser = None  # an AnswerGuesser for the prefill (open_decoder: the bundle's target.guesses)
         self._heads = np.zeros(max(self.draft_heads, 1), np.int64)
         self._heads_on = np.ones((), np.bool_)  # graphs with the heads_on input run their heads only when set
-        self._switch = HEADS_INPUT in {i.name for i in self.session.get_inputs()}
         self._accepted = np.zeros(1, np.int64)
         self._probs = np.zeros(self.max_rows, np.float32)
         self._main = _Binding(self.session, self._bind_static)
+        self._switch = HEADS_INPUT in self._main.inputs
         self._prefill = None
         if prefill_path is not None:
             self._prefill = _Binding(self._open(prefill_path, options, threads), self._bind_static)
@@ -171,8 +171,8 @@ class FusedDecoderSession:
         except Exception as e:  # ORT's own exception types: invalid graph, unknown op, ...
             raise ValueError(f"decoder {path}: ONNX Runtime cannot load it: {e}") from None
 
-    def _bind_static(self, session: ort.InferenceSession, bind_in, bind_out) -> None:
-        """Bind what every call of `session` shares: the KV cache (past = present, in place), the scalars."""
+    def _bind_static(self, b: "_Binding", bind_in, bind_out) -> None:
+        """Bind what every call of `b`'s session shares: the KV cache (past = present, in place), the scalars."""
         shape = (1, self.n_heads, self._capacity, self.head_dim)
         for j in range(2 * self.n_layers):
             layer, kind = divmod(j, 2)
@@ -185,7 +185,7 @@ class FusedDecoderSession:
         bind_in("guesses", _I64, (), int(self._guesses.ctypes.data))
         if self._pad_input:
             bind_in(PAD_INPUT, _I64, (1,), int(self._pad_rows.ctypes.data))
-        if HEADS_INPUT in {i.name for i in session.get_inputs()}:
+        if HEADS_INPUT in b.inputs:
             bind_in(HEADS_INPUT, _BOOL, (), int(self._heads_on.ctypes.data))
         if self.draft_heads:
             bind_out("accepted", _I64, (1,), int(self._accepted.ctypes.data))
@@ -363,13 +363,14 @@ class _Binding:
     """One ONNX Runtime session of a FusedDecoderSession with an IO binding per call shape (T, rows):
     binding input_ids / logits / probs anew whenever the shape changed cost ~19 µs a call on grasp
     (a decision's prefill and its verify passes of 5, 3, ... rows alternate), selecting a binding
-    made before costs nothing. `bound` is the shape `run` is bound for; `bind_static(session,
+    made before costs nothing. `bound` is the shape `run` is bound for; `bind_static(binding,
     bind_in, bind_out)` binds what every shape shares (the KV cache, the scalars)."""
 
     MAX_SHAPES = 64  # prefills of varying length: the least recently used is dropped past this
 
     def __init__(self, session: ort.InferenceSession, bind_static):
         self.session = session
+        self.inputs = {i.name for i in session.get_inputs()}
         self._bind_static = bind_static
         self._shapes: dict[tuple[int, int], tuple] = {}  # (T, rows) -> (IOBinding, run)
         self.run = None
@@ -384,7 +385,7 @@ class _Binding:
                 del self._shapes[next(iter(self._shapes))]
             io = self.session.io_binding()
             bind_in, bind_out, run = _fast_binding(self.session, io)
-            self._bind_static(self.session, bind_in, bind_out)
+            self._bind_static(self, bind_in, bind_out)
             bind_shape(bind_in, bind_out)
             entry = (io, run)  # the IOBinding stays alive with its run
         self._shapes[shape] = entry
