@@ -21,7 +21,7 @@ export MUJOCO_GL ?= egl
 export OMP_NUM_THREADS ?= 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: all venv venv-train demo test test-quick bench bench-peers bench-lm models fixtures lm-model lm-heads lm-heads-symmetric clean sdf-check
+.PHONY: all venv venv-train native demo test test-quick bench bench-peers bench-lm models fixtures lm-model lm-heads lm-heads-symmetric clean sdf-check
 
 all: test
 
@@ -40,10 +40,19 @@ $(TRAIN_STAMP): $(STAMP) requirements-train.txt
 
 venv-train: $(TRAIN_STAMP)
 
-demo: $(STAMP)
+# The native pass (sol_control/decoding/native.py): the int8 graphs' whole pass in C, loaded with
+# ctypes; flags in sol_control/native/build.py (setup.py builds it too, for colcon and pip installs).
+# Without a compiler nothing is built and ONNX Runtime runs every graph.
+NATIVE := sol_control/native/libsolfused.so
+$(NATIVE): sol_control/native/fused_int8.c sol_control/native/build.py
+	@$(PYTHON) sol_control/native/build.py $@
+
+native: $(NATIVE)
+
+demo: $(STAMP) $(NATIVE)
 	$(VENV)/bin/sol-control demo $(DEMO_ARGS)
 
-test: $(STAMP) $(SDF_CHECK)
+test: $(STAMP) $(SDF_CHECK) $(NATIVE)
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # SDFormat checker for the Gazebo world (tests/test_gazebo_world.py): sdf::Root::Load from Debian's
@@ -57,7 +66,7 @@ $(SDF_CHECK): tools/sdf_check.cpp
 
 sdf-check: $(SDF_CHECK)
 
-bench: $(STAMP)
+bench: $(STAMP) $(NATIVE)
 	$(VENV)/bin/sol-control bench all $(BENCH_ARGS)
 
 # Peer engines (ONNX Runtime GenAI, transformers, OpenVINO GenAI, llama.cpp) in their own venvs,
@@ -115,4 +124,4 @@ bench-lm: lm-model
 	$(VENV)/bin/sol-control bench lm $(BENCH_LM_ARGS)
 
 clean:
-	rm -rf $(VENV) demo_report bench_report build *.egg-info .pytest_cache
+	rm -rf $(VENV) demo_report bench_report build *.egg-info .pytest_cache $(NATIVE)

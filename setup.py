@@ -1,7 +1,10 @@
 """sol_control: an ament_python package that also installs with `pip install -e .`."""
+import runpy
 from glob import glob
+from pathlib import Path
 
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
 
 PACKAGE = "sol_control"
 
@@ -23,8 +26,19 @@ def data_files() -> list[tuple[str, list[str]]]:
     return [(dest, srcs) for dest, srcs in files if srcs]
 
 
+class BuildWithNative(build_py):
+    """Also compile the native pass into the built package (sol_control/native/build.py: it never
+    fails the install; without it ONNX Runtime runs every graph)."""
+
+    def run(self):
+        super().run()
+        build = runpy.run_path("sol_control/native/build.py")
+        build["build"](Path(self.build_lib) / PACKAGE / "native" / build["LIBRARY_NAME"])
+
+
 setup(
     name=PACKAGE,
+    cmdclass={"build_py": BuildWithNative},
     version="0.1.0",
     packages=find_packages(include=[PACKAGE, f"{PACKAGE}.*"]),
     package_data={f"{PACKAGE}.bench": ["data/*.json"]},  # the LM benchmark workload
@@ -39,7 +53,7 @@ setup(
                   "accelerate==1.15.0"],
         "sim": ["mujoco==4.0.0"],
     },
-    zip_safe=True,
+    zip_safe=False,  # the native pass is a shared library loaded from the package folder
     maintainer="sol_control developers",
     description="Quantized speculative decoding co-processor for ROS 2 robot cells",
     license="Apache-2.0",

@@ -44,7 +44,7 @@ def _session(bundle: Bundle, role: str, precision: str, dec: DecodingConfig, tag
     from sol_control.decoding import open_decoder  # engine; imported at configure time
 
     return open_decoder(bundle, role, precision, threads=dec.threads,
-                        name=f"{bundle.manifest.name}/{role}-{precision}{tag}")
+                        name=f"{bundle.manifest.name}/{role}-{precision}{tag}", backend=dec.backend)
 
 
 def _draft_precision(bundle: Bundle, wanted: str) -> str:

@@ -40,6 +40,7 @@ import numpy as np
 
 from ..bundle import Bundle
 from ..decoding import AdaptiveK, greedy, open_decoder, speculate, speculate_heads
+from ..decoding.native import NativeDecoderSession
 from ..energy import EnergyMeter, energy_row
 from .common import default_bundle, memory_bandwidth_gbs, pct, progress, table
 
@@ -74,6 +75,7 @@ class Row:
     name: str
     precision: str
     mode: str  # plain | heads | draft
+    backend: str = "auto"  # open_decoder's; "onnxruntime" for the twins of rows the native pass runs
     target: object = None
     draft: object = None
     controller: AdaptiveK | None = None
@@ -113,6 +115,7 @@ class Row:
     def summary(self, standard: list[list[int]], plain: list[list[int]], meter: EnergyMeter) -> dict:
         return {
             "name": self.name, "precision": self.precision, "speculative": self.speculative, "mode": self.mode,
+            "backend": "native" if isinstance(self.target, NativeDecoderSession) else "onnxruntime",
             "decision_ms_p50": pct(self.decision_ms, 50), "decision_ms_p99": pct(self.decision_ms, 99),
             "cold_decision_ms_p50": pct(self.cold_ms, 50),
             "paced_decision_ms_p50": pct(self.paced_ms, 50) if self.paced_ms else None,
@@ -167,7 +170,19 @@ def make_rows(bundle: Bundle, threads: int) -> list[Row]:
         if r.mode == "draft":
             r.draft = open_decoder(bundle, "draft", draft_prec, threads, name=f"{r.name} draft")
             r.controller = AdaptiveK()
-    return rows
+    return rows + _onnxruntime_twins(bundle, rows, threads)
+
+
+def _onnxruntime_twins(bundle: Bundle, rows: list[Row], threads: int) -> list[Row]:
+    """The plain and heads rows the native pass runs, again on ONNX Runtime (`· ORT`): what the C
+    pass buys, measured in the same run."""
+    twins = []
+    for r in rows:
+        if isinstance(r.target, NativeDecoderSession) and r.mode in ("plain", "heads"):
+            twin = Row(f"{r.name} · ORT", r.precision, r.mode, backend="onnxruntime")
+            twin.target = open_decoder(bundle, "target", r.precision, threads, name=twin.name, backend="onnxruntime")
+            twins.append(twin)
+    return twins
 
 
 def _timed(row: Row, prefix, new_tokens: int, k, cold: bool):
@@ -198,10 +213,10 @@ def run_bench(bundle: Bundle, decisions: int, rounds: int, new_tokens: int, thre
     if show_progress:
         progress("", end="\n")
     meter.update()
-    plain = {r.precision: r.outputs for r in rows if not r.speculative}
-    out_rows = [r.summary(rows[0].outputs, plain[r.precision], meter) for r in rows]
-    return _report(bundle, out_rows, {r.precision: r.target for r in rows}, new_tokens, len(prefixes), rounds,
-                   threads)
+    plain = {(r.precision, r.backend): r.outputs for r in rows if not r.speculative}
+    out_rows = [r.summary(rows[0].outputs, plain[(r.precision, r.backend)], meter) for r in rows]
+    targets = {r.precision: r.target for r in rows if r.backend != "onnxruntime"}
+    return _report(bundle, out_rows, targets, new_tokens, len(prefixes), rounds, threads)
 
 
 def _alone(r: Row, prefixes, new_tokens: int, k, first_round: bool) -> None:
@@ -282,7 +297,9 @@ def _report(bundle, rows, targets, new_tokens, n_prefixes, rounds, threads) -> d
     std = by["standard fp32"]
     spec = [r for r in rows if r["speculative"]]
     best = max(spec, key=lambda r: r["decode_tokens_per_s"])
-    plain_same = by[f"{best['precision']} plain"]
+    plain_same = next(r for r in rows if r["mode"] == "plain" and r["precision"] == best["precision"]
+                      and r["backend"] == best["backend"])
+    twin = by.get(f"{best['name']} · ORT")
     bw = memory_bandwidth_gbs()
     stream = {}
     for prec, sess in targets.items():
@@ -300,6 +317,9 @@ def _report(bundle, rows, targets, new_tokens, n_prefixes, rounds, threads) -> d
             "ultrafast_vs_standard": best["decode_tokens_per_s"] / std["decode_tokens_per_s"],
             "ultrafast_vs_standard_decision": std["decision_ms_p50"] / best["decision_ms_p50"],
             "ultrafast_vs_standard_e2e_tokens": best["tokens_per_s"] / std["tokens_per_s"],
+            # the ultrafast row on the native pass over the same row on ONNX Runtime (None: no native row)
+            "native_vs_onnxruntime": twin and best["decode_tokens_per_s"] / twin["decode_tokens_per_s"],
+            "native_vs_onnxruntime_decision": twin and twin["decision_ms_p50"] / best["decision_ms_p50"],
         },
         "ratios_interleaved": {  # the same rows, timed decision by decision in turns (module docstring)
             "speculative_vs_plain": best["interleaved_decode_tokens_per_s"] / plain_same["interleaved_decode_tokens_per_s"],
@@ -352,6 +372,10 @@ def print_report(rep: dict) -> None:
         print(f"{label}speculative vs plain (same target): {ra['speculative_vs_plain']:.2f}x   "
               f"ultrafast ({rep['ultrafast']}) vs standard: {ra['ultrafast_vs_standard']:.2f}x decode tok/s, "
               f"{ra['ultrafast_vs_standard_decision']:.2f}x ms/decision")
+    if rep["ratios"]["native_vs_onnxruntime"]:
+        print(f"{rep['ultrafast']} on the native pass vs on ONNX Runtime: "
+              f"{rep['ratios']['native_vs_onnxruntime']:.2f}x decode tok/s, "
+              f"{rep['ratios']['native_vs_onnxruntime_decision']:.2f}x ms/decision")
     passes = next(r["pass_ms_p50"] for r in rep["rows"] if r["name"] == rep["ultrafast"])
     ceiling = "" if passes is None else (
         f"; a call of {' / '.join(passes)} rows {' / '.join(f'{ms:.3f}' for ms in passes.values())} ms: with every "

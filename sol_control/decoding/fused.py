@@ -292,10 +292,18 @@ class FusedDecoderSession:
         assert 1 <= rows <= T, (rows, T)
         if rows > self.max_rows:
             raise ValueError(f"{self.name}: {rows} rows of logits in one step exceed max_rows={self.max_rows}")
+        self._ids[:T] = ids
+        self._call(T, L, rows, b)
+        self._bound = (T, rows)
+        self.calls += 1
+        self.tokens[L:L + T] = ids
+        self.length = L + T
+        return self._logits[: rows * self.vocab].reshape(rows, self.vocab)  # [rows, vocab]
+
+    def _call(self, T: int, L: int, rows: int, b: "_Binding") -> None:
+        """Run `b`'s session on the ids in `self._ids[:T]` after L cached positions, reading `rows`."""
         if (T, rows) != b.bound:
             b.select((T, rows), self._bind_shape(T, rows))
-        self._bound = b.bound
-        self._ids[:T] = ids
         pad = int(T == 1) if self._pad_input else self._pad  # only a lone row needs the pad
         self._pad_rows[0] = pad
         self._seqlens[0] = L + T - 1 + pad
@@ -303,10 +311,6 @@ class FusedDecoderSession:
         self._guesses[()] = rows - 1
         b.run()
         b.calls += 1
-        self.calls += 1
-        self.tokens[L:L + T] = ids
-        self.length = L + T
-        return self._logits[: rows * self.vocab].reshape(rows, self.vocab)  # [rows, vocab]
 
     @property
     def accepted(self) -> int:

@@ -333,7 +333,7 @@ def fast_precision(bundle, role: str = "target", flags: frozenset[str] | None = 
 
 
 def open_decoder(bundle, role: str, precision: str, threads: int = 1, name: str = "",
-                 max_context: int | None = None, prefill_precision: str | None = None):
+                 max_context: int | None = None, prefill_precision: str | None = None, backend: str | None = None):
     """A session for one decoder of a verified bundle (sha256 checked before ORT sees the file): a
     FusedDecoderSession when the bundle has the fused graph, else a DecoderSession. Both follow one
     exactness rule for targets: a single new token gives the logits it would get inside a
@@ -341,8 +341,12 @@ def open_decoder(bundle, role: str, precision: str, threads: int = 1, name: str 
     `max_context` overrides the manifest's KV length (benchmarks only: rotary positions work at any
     length, but the model never saw sequences past the manifest's `max_context`). `prefill_precision`:
     prefill chunks run through that precision's fused graph on the same cache (FusedDecoderSession's
-    prefill graph), e.g. "int8" for an int4 target; both must be fused graphs."""
+    prefill graph), e.g. "int8" for an int4 target; both must be fused graphs. `backend` (default
+    SOL_CONTROL_BACKEND, else "auto"): "auto" runs a fused int8 graph the native pass computes in C
+    (`decoding.native`) and everything else on ONNX Runtime; "native" insists (NativeUnsupported
+    otherwise); "onnxruntime" never uses the native pass."""
     from .fused import FusedDecoderSession
+    from .native import backend_choice
 
     layout = bundle.decoder_layout(role, precision)
     path = bundle.decoder_path(role, precision, layout)
@@ -354,9 +358,13 @@ def open_decoder(bundle, role: str, precision: str, threads: int = 1, name: str 
             raise ValueError(f"bundle {bundle.root}: a {prefill_precision} prefill for the {precision} {role} "
                              "needs both in the fused layout")
         prefill = bundle.decoder_path(role, prefill_precision, "fused")
+    choice = backend_choice(backend)
     if layout == "fused":
-        sess = FusedDecoderSession(path, context, threads=threads, name=name, prefill_path=prefill,
-                                   min_step_tokens=1 if role == "draft" else None)  # None: probe
+        sess = _native_session(path, context, name, prefill, choice) if choice != "onnxruntime" else None
+        sess = sess or FusedDecoderSession(path, context, threads=threads, name=name, prefill_path=prefill,
+                                           min_step_tokens=1 if role == "draft" else None)  # None: probe
+    elif choice == "native":
+        raise ValueError(f"{path}: backend 'native' needs a fused graph, this one is {layout!r}")
     else:
         sess = DecoderSession(path, context, threads=threads, name=name,
                               min_step_tokens=1 if role == "draft" else None)
@@ -369,3 +377,23 @@ def open_decoder(bundle, role: str, precision: str, threads: int = 1, name: str 
 
         sess.guesser = AnswerGuesser.load(bundle.path(guesses), sess.vocab)
     return sess
+
+
+def _native_session(path, context: int, name: str, prefill, choice: str):
+    """A NativeDecoderSession when the graph and the build allow one and it computes what ONNX
+    Runtime computes on this graph (`agrees_with_onnxruntime`), else None ("auto") or
+    NativeUnsupported ("native")."""
+    from .native import MAX_LOGIT_DIFF, NativeDecoderSession, NativeUnsupported
+
+    try:
+        sess = NativeDecoderSession(path, context, name=name, prefill_path=prefill)
+        diff = sess.agrees_with_onnxruntime()
+        if not diff <= MAX_LOGIT_DIFF:
+            raise NativeUnsupported(f"{path}: the native pass parts from ONNX Runtime's (|logit diff| {diff:.3g} "
+                                    f"> {MAX_LOGIT_DIFF})")
+        return sess
+    except NativeUnsupported:
+        if choice == "native":
+            raise
+        return None
+

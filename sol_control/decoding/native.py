@@ -1,0 +1,264 @@
+"""The native backend: a fused int8 graph's whole pass in one C call (`sol_control/native/fused_int8.c`).
+
+On our 2.9M-parameter policies an ONNX Runtime pass is mostly fixed cost: ~0.18 ms a call for the
+72 nodes of the grasp int8 graph, ~14 µs a row (docs/BENCHMARKS.md, "The native backend"). The C
+pass computes the same graph, read from the same ONNX file: the int8 weights, channel scales and
+calibrated activation steps are the graph's initializers, packed once for AVX-512 VNNI.
+
+It covers one graph family, checked when it loads (`NativeModel.from_onnx`, `NativeUnsupported`
+with the reason otherwise): the fused layout at int8 with "static" activations (one calibrated
+step an input; the shipped grasp and QC targets), fp32 embedding, and plain draft heads (w1, then
+one int8 w2 each) or none. Everything else stays on ONNX Runtime.
+
+`NativeDecoderSession` is a FusedDecoderSession (same cache buffers, bookkeeping and interface,
+the ORT session kept for its checks) whose calls run in C. It is exact by construction: a row's
+numbers never depend on the other rows of its call (exact integer GEMMs, float reductions in one
+fixed order), so a one-token pass equals the token's row in a verify pass and speculative decoding
+equals plain greedy. Its numbers are close to ONNX Runtime's, not bit-equal (its own exp, its own
+summation order): `agrees_with_onnxruntime` compares them when a session opens, and `open_decoder`
+keeps ORT when they part (`MAX_LOGIT_DIFF`).
+
+The library is built by `make native` and by setup.py's build step (`sol_control/native/build.py`);
+without it, or with `SOL_CONTROL_BACKEND=onnxruntime` / `decoding.backend: onnxruntime`,
+`open_decoder` uses ONNX Runtime.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..native.build import LIBRARY_NAME
+from ..native.build import cpu_has_vnni as _cpu_has_vnni
+from .fused import FusedDecoderSession
+
+LIBRARY = Path(__file__).resolve().parent.parent / "native" / LIBRARY_NAME
+BACKENDS = ("auto", "native", "onnxruntime")
+MAX_LAYERS, MAX_HEADS = 16, 16  # as in fused_int8.c
+MAX_LOGIT_DIFF = 1e-2  # |native - ORT| over a probe's logits above this: the graph is not what we compute
+_ZERO_POINT = 64
+
+
+class NativeUnsupported(ValueError):
+    """This graph (or machine) is not one the native pass computes; ONNX Runtime runs it."""
+
+
+class _Linear(ctypes.Structure):
+    _fields_ = [("w", ctypes.c_void_p), ("zp_sums", ctypes.c_void_p), ("scale", ctypes.c_void_p),
+                ("step", ctypes.c_float), ("k", ctypes.c_int32), ("n", ctypes.c_int32)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("ln1", ctypes.c_void_p), ("ln2", ctypes.c_void_p), ("qkv", _Linear), ("o", _Linear),
+                ("gate_up", _Linear), ("down", _Linear)]
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_int32) for name in ("n_layers", "hidden", "n_heads", "kv_heads", "head_dim", "inter",
+                                                     "vocab", "capacity", "n_draft", "head_offset")] + [
+        ("eps", ctypes.c_float), ("attn_scale", ctypes.c_float), ("embed", ctypes.c_void_p), ("cos", ctypes.c_void_p),
+        ("sin", ctypes.c_void_p), ("final_norm", ctypes.c_void_p), ("layers", _Layer * MAX_LAYERS),
+        ("lm_head", _Linear), ("heads_w1", _Linear), ("heads_w2", _Linear * MAX_HEADS)]
+
+
+@functools.lru_cache(maxsize=1)
+def library() -> ctypes.CDLL | None:
+    """The built C pass, or None: not built (`make native`), or built for AVX-512 VNNI and this CPU
+    has none (the library moved to another machine; running it would be an illegal instruction)."""
+    if not LIBRARY.is_file():
+        return None
+    lib = ctypes.CDLL(str(LIBRARY))
+    if lib.sol_vnni() and not _cpu_has_vnni():
+        return None
+    lib.sol_scratch_floats.restype = ctypes.c_long
+    lib.sol_scratch_floats.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    return lib
+
+
+def backend_choice(backend: str | None = None) -> str:
+    """The backend asked for: the argument, else SOL_CONTROL_BACKEND, else "auto"."""
+    choice = backend or os.environ.get("SOL_CONTROL_BACKEND", "") or "auto"
+    if choice not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {choice!r}")
+    return choice
+
+
+class NativeModel:
+    """A fused int8 graph's weights in the C pass's layout (arrays kept alive beside the struct)."""
+
+    def __init__(self, struct: _Model, arrays: list[np.ndarray]):
+        self.struct, self._arrays = struct, arrays
+
+    @classmethod
+    def from_onnx(cls, path: str | Path) -> "NativeModel":
+        import onnx
+        from onnx import numpy_helper
+
+        model = onnx.load(str(path))
+        meta = {p.key: p.value for p in model.metadata_props}
+        if meta.get("layout") != "sol_control.fused/2" or meta.get("precision") != "int8":
+            raise NativeUnsupported(f"{path}: not a fused int8 graph (layout {meta.get('layout')!r}, "
+                                    f"precision {meta.get('precision')!r})")
+        nodes = list(model.graph.node)
+        inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+        branch = _heads_branch(nodes)
+        for t in branch.initializer if branch is not None else []:
+            inits[t.name] = numpy_helper.to_array(t)
+        _check_family(path, nodes, branch, inits)
+        return _Builder(path, nodes, inits, int(meta.get("draft_heads", "0"))).build()
+
+
+def _heads_branch(nodes):
+    for node in nodes:
+        if node.op_type == "If":
+            return next(a.g for a in node.attribute if a.name == "then_branch")
+    return None
+
+
+_PLAIN_HEADS = ["Gather", "QuantizeLinear", "MatMulIntegerToFloat", "Reshape", "QuickGelu", "Reshape", "Add",
+                "Unsqueeze", "QuantizeLinear", "Split"]
+
+
+def _check_family(path, nodes, branch, inits) -> None:
+    """Refuse what the C pass does not compute: int8 "rows"/"dual" activations, MatMulNBits,
+    a quantized embedding, chained or lm_head-sharing heads."""
+    ops = [n.op_type for n in nodes]
+    for op in ("MatMulNBits", "GatherBlockQuantized", "Abs", "Div", "MatMul"):
+        if op in ops:
+            raise NativeUnsupported(f"{path}: has {op} nodes (the native pass: static int8 activations only)")
+    for node in nodes + (list(branch.node) if branch is not None else []):
+        if node.op_type == "MatMulIntegerToFloat" and node.input[2] not in inits:
+            raise NativeUnsupported(f"{path}: {node.name} has no constant activation scale")
+    if branch is not None:
+        ops = [n.op_type for n in branch.node]
+        k = ops.count("MatMulIntegerToFloat") - 1
+        if ops[:len(_PLAIN_HEADS)] != _PLAIN_HEADS or ops[len(_PLAIN_HEADS):] != (
+                ["MatMulIntegerToFloat"] * k + ["Concat", "ArgMax", "Reshape", "Add"]):
+            raise NativeUnsupported(f"{path}: its draft heads are not plain w1 / w2 heads ({ops})")
+
+
+class _Builder:
+    """The graph's initializers, by the names `sol_control.graph.llama` gives them, into a _Model."""
+
+    def __init__(self, path, nodes, inits, n_draft):
+        self.path, self.inits, self.n_draft, self.arrays = path, inits, n_draft, []
+        self.gqa = next(n for n in nodes if n.op_type == "GroupQueryAttention")
+        self.eps = next(a.f for n in nodes if n.op_type == "SimplifiedLayerNormalization" for a in n.attribute
+                        if a.name == "epsilon")
+
+    def keep(self, array: np.ndarray, dtype) -> int:
+        a = np.ascontiguousarray(array, dtype=dtype)
+        self.arrays.append(a)
+        return a.ctypes.data
+
+    def get(self, name: str) -> np.ndarray:
+        if name not in self.inits:
+            raise NativeUnsupported(f"{self.path}: no initializer {name!r}")
+        return self.inits[name]
+
+    def linear(self, key: str, x: str, amax: str | None = None, scales: str | None = None) -> _Linear:
+        """An int8 linear `key` (its s8.T [k, n]) reading input `x` (its static step)."""
+        w = self.get(f"{key}.s8.T")
+        k, n = w.shape
+        if k % 16:
+            raise NativeUnsupported(f"{self.path}: {key} has {k} inputs; the native pass needs a multiple of 16")
+        padded = np.zeros((k, -(-n // 16) * 16), np.int8)
+        padded[:, :n] = w
+        packed = padded.reshape(k // 4, 4, -1, 16).transpose(2, 0, 3, 1)  # [ceil(n/16)][k/4][16][4]
+        a_scale = self.get(amax) if amax else self.get(f"{x}.static_amax")
+        scale = (a_scale.astype(np.float32) * self.get(scales or f"{key}.channel_scales")).astype(np.float32)
+        zp = (_ZERO_POINT * w.astype(np.int32).sum(axis=0)).astype(np.int32)
+        step = float(self.get(f"{x}.static_step").reshape(()))
+        return _Linear(self.keep(packed, np.int8), self.keep(zp, np.int32), self.keep(scale.reshape(n), np.float32),
+                       step, k, n)
+
+    def build(self) -> NativeModel:
+        attrs = {a.name: a for a in self.gqa.attribute}
+        embed, cos = self.get("model.embed_tokens.weight"), self.get("cos_cache")
+        n_layers = sum(1 for name in self.inits if name.endswith(".input_layernorm.weight"))
+        gate_up = self.get("model.layers.0.mlp.gate_up_proj.weight.s8.T")
+        heads, hidden = attrs["num_heads"].i, embed.shape[1]
+        if hidden % 16 or cos.shape[1] % 8:
+            raise NativeUnsupported(f"{self.path}: hidden size {hidden} and head dim {2 * cos.shape[1]} must be "
+                                    "multiples of 16 (the C pass's 16-lane sums)")
+        if n_layers > MAX_LAYERS or self.n_draft > MAX_HEADS:
+            raise NativeUnsupported(f"{self.path}: {n_layers} layers / {self.n_draft} heads exceed "
+                                    f"{MAX_LAYERS} / {MAX_HEADS}")
+        m = _Model(n_layers=n_layers, hidden=hidden, n_heads=heads, kv_heads=attrs["kv_num_heads"].i,
+                   head_dim=2 * cos.shape[1], inter=gate_up.shape[1] // 2, vocab=embed.shape[0],
+                   capacity=cos.shape[0], n_draft=self.n_draft, eps=self.eps, attn_scale=attrs["scale"].f,
+                   embed=self.keep(embed, np.float32), cos=self.keep(cos, np.float32),
+                   sin=self.keep(self.get("sin_cache"), np.float32),
+                   final_norm=self.keep(self.get("model.norm.weight"), np.float32))
+        for i in range(n_layers):
+            p = f"model.layers.{i}"
+            m.layers[i] = _Layer(self.keep(self.get(f"{p}.input_layernorm.weight"), np.float32),
+                                 self.keep(self.get(f"{p}.post_attention_layernorm.weight"), np.float32),
+                                 self.linear(f"{p}.self_attn.qkv_proj.weight", f"{p}.ln1"),
+                                 self.linear(f"{p}.self_attn.o_proj.weight", f"{p}.attn"),
+                                 self.linear(f"{p}.mlp.gate_up_proj.weight", f"{p}.ln2"),
+                                 self.linear(f"{p}.mlp.down_proj.weight", f"{p}.gated"))
+        m.lm_head = self.linear("lm_head.weight", "rows.h")
+        if self.n_draft:
+            m.heads_w1 = self.linear("heads.w1", "heads.h")
+            m.head_offset = int(self.get("heads.offset").reshape(()))
+            for j in range(self.n_draft):
+                m.heads_w2[j] = self.linear(f"heads.w2.{j}", "heads.hk", amax="rowq.one", scales=f"heads.w2.{j}.scales")
+        return NativeModel(m, self.arrays)
+
+
+class NativeDecoderSession(FusedDecoderSession):
+    """A FusedDecoderSession whose calls run the C pass (module docstring). Raises NativeUnsupported
+    when the graph or the build does not allow it."""
+
+    def __init__(self, path: str | Path, *args, **kwargs):
+        lib = library()
+        if lib is None:
+            raise NativeUnsupported(f"the native library is not built ({LIBRARY}: `make native`)")
+        if kwargs.get("prefill_path") is not None:
+            raise NativeUnsupported("a second prefill graph runs on ONNX Runtime")
+        self.native = NativeModel.from_onnx(path)
+        self._through_ort = False  # agrees_with_onnxruntime: the same calls through the ORT session
+        kwargs["min_step_tokens"] = kwargs.get("min_step_tokens") or 1  # rows never depend on each other
+        super().__init__(path, *args, **kwargs)
+        m = self.native.struct
+        if m.capacity != self._capacity or m.vocab != self.vocab:
+            raise NativeUnsupported(f"{path}: graph tables ({m.capacity} rows, vocab {m.vocab}) do not match its "
+                                    f"I/O ({self._capacity}, {self.vocab})")
+        self._scratch = np.zeros(lib.sol_scratch_floats(ctypes.byref(m), self.max_step_tokens), np.float32)
+        self._c_run = lib.sol_run
+        self._c_run.restype = ctypes.c_int
+        ptr = lambda a: ctypes.c_void_p(a.ctypes.data)  # noqa: E731
+        self._c_args = (ctypes.byref(m), ptr(self._ids), ptr(self._kv), ptr(self._logits), ptr(self._probs),
+                        ptr(self._accepted), ptr(self._heads), ptr(self._scratch))
+
+    def _call(self, T: int, L: int, rows: int, b) -> None:
+        if self._through_ort:
+            return super()._call(T, L, rows, b)
+        m, ids, kv, logits, probs, accepted, heads, scratch = self._c_args
+        if self._c_run(m, ids, T, L, rows, bool(self._heads_on), kv, logits, probs, accepted, heads, scratch):
+            raise ValueError(f"{self.name}: native pass refused T={T} after L={L} ({rows} rows)")
+
+    def agrees_with_onnxruntime(self, probes: int = 3) -> float:
+        """The largest |logit| difference between this pass and ONNX Runtime's on the same graph,
+        over a few random prefixes and 3-row verify passes (resets the cache)."""
+        rng, worst = np.random.default_rng(1), 0.0
+        try:
+            for _ in range(probes):
+                ids = rng.integers(0, self.vocab, min(8, self.max_context))
+                got = []
+                for self._through_ort in (False, True):
+                    self.reset()
+                    self._run(ids[:-3], 1)
+                    got.append(self._run(ids[-3:], 3).copy())
+                worst = max(worst, float(np.max(np.abs(got[0] - got[1]))))
+            return worst
+        finally:
+            self._through_ort = False
+            self.reset()
+
+    def __repr__(self) -> str:
+        return "Native" + super().__repr__()

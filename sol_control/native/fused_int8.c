@@ -1,0 +1,372 @@
+/* One decoder pass of a small int8 Llama (the fused graph layout, "static" int8 activations) in C.
+ *
+ * The same computation as sol_control.graph.llama's int8 graph (the shipped grasp and QC targets),
+ * without ONNX Runtime's per-node cost: on a 3-layer, 2.9M-parameter model a 5-row ORT pass is
+ * ~0.18 ms of fixed cost (72 nodes) and ~14 us a row; here the pass is its arithmetic.
+ *
+ * Every row goes through the same code: its numbers never depend on the other rows of the call
+ * (the integer GEMMs are exact; every float reduction runs in one fixed order, 16 lanes then a
+ * fixed tree), so a one-token pass equals that token's row in a verify pass bit for bit and
+ * speculative decoding equals plain greedy without a query pad or pairs.
+ *
+ * Linears: y = (sum_k (u8(x) - 64) * w_s8) * (amax * channel_scale), x quantized on its
+ * calibrated step amax / 64 (round half to even, saturated to [0, 255]); weights packed for
+ * AVX-512 VNNI's vpdpbusd as [ceil(n / 16)][k / 4][16][4]. Without VNNI the same sums in plain C.
+ * Built by the Makefile (`make native`); sol_control.decoding.native loads it with ctypes.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+#include <immintrin.h>
+#define SOL_VNNI 1
+#else
+#define SOL_VNNI 0
+#endif
+
+#define MAX_LAYERS 16
+#define MAX_HEADS 16
+#define ROW_BLOCK 8  /* rows per GEMM sweep: each weight vector is loaded once for up to 8 rows */
+#define ZERO_POINT 64
+
+typedef struct {
+    const int8_t *w;          /* packed [ceil(n / 16)][k / 4][16][4], zeros past n */
+    const int32_t *zp_sums;   /* [n]: 64 * sum_k w[k][n] */
+    const float *scale;       /* [n]: activation amax * channel scale */
+    float step;               /* activation quantization step (amax / 64) */
+    int32_t k, n;
+} Linear;
+
+typedef struct {
+    const float *ln1, *ln2;
+    Linear qkv, o, gate_up, down;
+} Layer;
+
+typedef struct {
+    int32_t n_layers, hidden, n_heads, kv_heads, head_dim, inter, vocab, capacity, n_draft, head_offset;
+    float eps, attn_scale;
+    const float *embed;       /* [vocab][hidden] */
+    const float *cos, *sin;   /* [capacity][head_dim / 2] */
+    const float *final_norm;
+    Layer layers[MAX_LAYERS];
+    Linear lm_head, heads_w1;
+    Linear heads_w2[MAX_HEADS];
+} Model;
+
+int sol_vnni(void) { return SOL_VNNI; }
+
+/* ---- float helpers: fixed-order reductions, a branch-free exp ---------------------------- */
+
+static float tree16(const float *a) {
+    float b[8], c[4];
+    for (int i = 0; i < 8; i++) b[i] = a[i] + a[i + 8];
+    for (int i = 0; i < 4; i++) c[i] = b[i] + b[i + 4];
+    return (c[0] + c[2]) + (c[1] + c[3]);
+}
+
+static float dot(const float *a, const float *b, int n) {  /* n % 16 == 0 */
+    float acc[16] = {0};
+    for (int i = 0; i < n; i += 16)
+        for (int l = 0; l < 16; l++) acc[l] += a[i + l] * b[i + l];
+    return tree16(acc);
+}
+
+static float sum16(const float *a, int n) {  /* any n: 16 lanes, the tail in lane 0 */
+    float acc[16] = {0};
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++) acc[l] += a[i + l];
+    for (; i < n; i++) acc[0] += a[i];
+    return tree16(acc);
+}
+
+/* exp(x) for x <= 0 down to about -87 (softmax and sigmoid arguments are clamped): 2^n * p(r),
+ * r = x - n ln2 in [-ln2/2, ln2/2], a degree-6 polynomial, ~2 ulp. */
+static inline float fast_exp(float x) {
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    float n = nearbyintf(x * 1.44269504f);
+    float r = x - n * 0.693145752f - n * 1.42860677e-6f;
+    float p = 1.0f / 720 * r + 1.0f / 120;
+    p = p * r + 1.0f / 24;
+    p = p * r + 1.0f / 6;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    union { float f; int32_t i; } s = {.i = ((int32_t)n + 127) << 23};
+    return p * s.f;
+}
+
+static void rms_norm(const float *x, const float *w, float *y, int n, float eps) {
+    float inv = 1.0f / sqrtf(dot(x, x, n) / (float)n + eps);
+    for (int i = 0; i < n; i++) y[i] = x[i] * inv * w[i];
+}
+
+static float silu(float x) { return x / (1.0f + fast_exp(-x)); }
+
+/* the first largest, as ONNX ArgMax: 16 lanes each keep their first largest, then the lanes'
+ * largest with the smallest index */
+static int argmax(const float *x, int n) {
+    float top[16];
+    int at[16], i = 16;
+    for (int l = 0; l < 16; l++) { top[l] = l < n ? x[l] : -INFINITY; at[l] = l; }
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++) {
+            int more = x[i + l] > top[l];
+            top[l] = more ? x[i + l] : top[l];
+            at[l] = more ? i + l : at[l];
+        }
+    int best = at[0];
+    float m = top[0];
+    for (int l = 1; l < 16; l++)
+        if (top[l] > m || (top[l] == m && at[l] < best)) { m = top[l]; best = at[l]; }
+    for (; i < n; i++)
+        if (x[i] > m) { m = x[i]; best = i; }
+    return best;
+}
+
+/* the largest softmax probability of a row whose largest value is m: 1 / sum exp(x - m) */
+static float top_prob(const float *x, int n, float m, float *tmp) {
+    for (int i = 0; i < n; i++) tmp[i] = fast_exp(x[i] - m);
+    return 1.0f / sum16(tmp, n);
+}
+
+/* ---- int8 linears ------------------------------------------------------------------------- */
+
+static void quantize(const float *x, uint8_t *q, int n, float step) {
+    for (int i = 0; i < n; i++) {
+        float v = nearbyintf(x[i] / step) + ZERO_POINT;
+        q[i] = (uint8_t)(v < 0 ? 0 : (v > 255 ? 255 : v));
+    }
+}
+
+#define MAX_NB 4  /* 16-column blocks a sweep covers: 4 x up to 6 rows = 24 accumulators of 32 registers */
+
+#if SOL_VNNI
+/* acc [R][NB * 16] = rows x [R][k] (u8) . NB column blocks of w (each [k / 4][16][4], `stride` apart) */
+static inline __attribute__((always_inline)) void sweep(const uint8_t *x, const int R, const int NB, int k,
+                                                       const int8_t *w, size_t stride, int32_t *out) {
+    __m512i acc[ROW_BLOCK][MAX_NB];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int b = 0; b < NB; b++) acc[r][b] = _mm512_setzero_si512();
+    for (int kb = 0; kb < k / 4; kb++) {
+        __m512i wv[MAX_NB];
+#pragma GCC unroll 4
+        for (int b = 0; b < NB; b++) wv[b] = _mm512_loadu_si512((const void *)(w + b * stride + kb * 64));
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            int32_t u;
+            memcpy(&u, x + r * k + kb * 4, 4);
+            __m512i xb = _mm512_set1_epi32(u);
+#pragma GCC unroll 4
+            for (int b = 0; b < NB; b++) acc[r][b] = _mm512_dpbusd_epi32(acc[r][b], xb, wv[b]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int b = 0; b < NB; b++) _mm512_storeu_si512((void *)(out + (r * NB + b) * 16), acc[r][b]);
+}
+#define SWEEP_CASE(r, nb) case r: sweep(x, r, nb, k, w, stride, out); break;
+/* NB = 4 for up to 6 rows, 2 for 7-8 (register budget), 1 for the last blocks */
+static void sweep_rows(const uint8_t *x, int R, int NB, int k, const int8_t *w, size_t stride, int32_t *out) {
+    if (NB == 4) {
+        switch (R) { SWEEP_CASE(1, 4) SWEEP_CASE(2, 4) SWEEP_CASE(3, 4) SWEEP_CASE(4, 4) SWEEP_CASE(5, 4)
+                     SWEEP_CASE(6, 4) }
+    } else if (NB == 2) {
+        switch (R) { SWEEP_CASE(7, 2) SWEEP_CASE(8, 2) }
+    } else {
+        switch (R) { SWEEP_CASE(1, 1) SWEEP_CASE(2, 1) SWEEP_CASE(3, 1) SWEEP_CASE(4, 1) SWEEP_CASE(5, 1)
+                     SWEEP_CASE(6, 1) SWEEP_CASE(7, 1) SWEEP_CASE(8, 1) }
+    }
+}
+#else
+static void sweep_rows(const uint8_t *x, int R, int NB, int k, const int8_t *w, size_t stride, int32_t *out) {
+    for (int r = 0; r < R; r++)
+        for (int b = 0; b < NB; b++) {
+            int32_t acc[16] = {0};
+            for (int kb = 0; kb < k / 4; kb++)
+                for (int j = 0; j < 16; j++)
+                    for (int i = 0; i < 4; i++)
+                        acc[j] += (int32_t)x[r * k + kb * 4 + i] * (int32_t)w[b * stride + kb * 64 + j * 4 + i];
+            memcpy(out + (r * NB + b) * 16, acc, sizeof acc);
+        }
+}
+#endif
+
+/* y [R][n] = rows x [R][k] (float) through an int8 linear; q: room for R * k bytes */
+static void linear(const Linear *L, const float *x, int R, float *y, uint8_t *q) {
+    int k = L->k, n = L->n, blocks = (n + 15) / 16;  /* the last block's weights are zero-padded */
+    size_t stride = (size_t)k * 16;
+    for (int r = 0; r < R; r++) quantize(x + r * k, q + r * k, k, L->step);
+    int32_t acc[ROW_BLOCK * MAX_NB * 16];
+    for (int r0 = 0; r0 < R; r0 += ROW_BLOCK) {
+        int rb = R - r0 < ROW_BLOCK ? R - r0 : ROW_BLOCK, wide = rb <= 6 ? 4 : 2;
+        for (int nb = 0; nb < blocks;) {
+            int NB = blocks - nb >= wide ? wide : 1;
+            sweep_rows(q + r0 * k, rb, NB, k, L->w + nb * stride, stride, acc);
+            int c0 = nb * 16, width = n - c0 < NB * 16 ? n - c0 : NB * 16;
+            for (int r = 0; r < rb; r++) {
+                const int32_t *a = acc + r * NB * 16;
+                float *out = y + (size_t)(r0 + r) * n + c0;
+                for (int j = 0; j < width; j++) out[j] = (float)(a[j] - L->zp_sums[c0 + j]) * L->scale[c0 + j];
+            }
+            nb += NB;
+        }
+    }
+}
+
+/* ---- attention ------------------------------------------------------------------------------ */
+
+/* rotate one head's vector at position pos (rotary_interleaved = 0: halves, not pairs) */
+static void rotate(float *v, const float *cos, const float *sin, int d) {
+    int h = d / 2;
+    for (int i = 0; i < h; i++) {
+        float a = v[i], b = v[i + h];
+        v[i] = a * cos[i] - b * sin[i];
+        v[i + h] = b * cos[i] + a * sin[i];
+    }
+}
+
+/* one row's attention at position pos over cache rows [0, pos] of one layer */
+static void attend(const Model *m, const float *q, const float *keys, const float *values, int pos,
+                   float *out, float *scores) {
+    int D = m->head_dim, C = m->capacity, group = m->n_heads / m->kv_heads;
+    for (int h = 0; h < m->n_heads; h++) {
+        const float *K = keys + (size_t)(h / group) * C * D, *V = values + (size_t)(h / group) * C * D;
+        float top = -INFINITY, sum = 0;
+        for (int j = 0; j <= pos; j++) {
+            scores[j] = dot(q + h * D, K + (size_t)j * D, D) * m->attn_scale;
+            top = scores[j] > top ? scores[j] : top;
+        }
+        for (int j = 0; j <= pos; j++) scores[j] = fast_exp(scores[j] - top);
+        sum = sum16(scores, pos + 1);
+        float inv = 1.0f / sum;
+        for (int d0 = 0; d0 < D; d0 += 16) {  /* 16 columns in registers over all positions */
+            float acc[16] = {0};
+            for (int j = 0; j <= pos; j++)
+                for (int l = 0; l < 16; l++) acc[l] += scores[j] * V[(size_t)j * D + d0 + l];
+            for (int l = 0; l < 16; l++) out[h * D + d0 + l] = acc[l] * inv;
+        }
+    }
+}
+
+/* ---- the pass --------------------------------------------------------------------------------- */
+
+typedef struct { float *resid, *h, *qkv, *attn, *mix, *gu, *scores; uint8_t *q; } Scratch;
+
+static int max_width(const Model *m) {
+    int w = 2 * m->inter > m->vocab ? 2 * m->inter : m->vocab;
+    int qkv = (m->n_heads + 2 * m->kv_heads) * m->head_dim;
+    w = w > qkv ? w : qkv;
+    return w > m->n_draft * m->hidden ? w : m->n_draft * m->hidden;
+}
+
+static int mix_width(const Model *m) {  /* attention rows, then the MLP's gated rows */
+    int nq = m->n_heads * m->head_dim;
+    return nq > m->inter ? nq : m->inter;
+}
+
+/* floats of scratch a pass of T tokens needs */
+long sol_scratch_floats(const Model *m, int T) {
+    long rows = T > m->n_draft ? T : m->n_draft, W = max_width(m);
+    return rows * (4L * m->hidden + mix_width(m) + 2 * W) + m->capacity + rows * W / 4 + 64;
+}
+
+static Scratch carve(const Model *m, int T, float *s) {
+    int rows = T > m->n_draft ? T : m->n_draft, H = m->hidden, W = max_width(m);
+    Scratch c;
+    c.resid = s; s += rows * H;
+    c.h = s; s += rows * H;
+    c.attn = s; s += rows * mix_width(m);
+    c.mix = s; s += rows * H * 2;
+    c.qkv = s; s += rows * W;
+    c.gu = s; s += rows * W;
+    c.scores = s; s += m->capacity;
+    c.q = (uint8_t *)s;  /* rows * k bytes, k <= W */
+    return c;
+}
+
+static void attention_block(const Model *m, int i, int T, int L, float *kv, Scratch *s) {
+    const Layer *ly = &m->layers[i];
+    int H = m->hidden, D = m->head_dim, nq = m->n_heads * D, nkv = m->kv_heads * D, C = m->capacity;
+    int width = nq + 2 * nkv;
+    float *keys = kv + (size_t)(2 * i) * m->kv_heads * C * D, *values = keys + (size_t)m->kv_heads * C * D;
+    for (int t = 0; t < T; t++) rms_norm(s->resid + t * H, ly->ln1, s->h + t * H, H, m->eps);
+    linear(&ly->qkv, s->h, T, s->qkv, s->q);
+    for (int t = 0; t < T; t++) {
+        int pos = L + t;
+        float *row = s->qkv + t * width;
+        const float *cs = m->cos + (size_t)pos * D / 2, *sn = m->sin + (size_t)pos * D / 2;
+        for (int h = 0; h < m->n_heads; h++) rotate(row + h * D, cs, sn, D);
+        for (int h = 0; h < m->kv_heads; h++) {
+            rotate(row + nq + h * D, cs, sn, D);
+            memcpy(keys + ((size_t)h * C + pos) * D, row + nq + h * D, sizeof(float) * D);
+            memcpy(values + ((size_t)h * C + pos) * D, row + nq + nkv + h * D, sizeof(float) * D);
+        }
+    }
+    for (int t = 0; t < T; t++) attend(m, s->qkv + t * width, keys, values, L + t, s->attn + t * nq, s->scores);
+    linear(&ly->o, s->attn, T, s->mix, s->q);
+    for (int t = 0; t < T * H; t++) s->resid[t] += s->mix[t];
+}
+
+static void mlp_block(const Model *m, int i, int T, Scratch *s) {
+    const Layer *ly = &m->layers[i];
+    int H = m->hidden, I = m->inter;
+    for (int t = 0; t < T; t++) rms_norm(s->resid + t * H, ly->ln2, s->h + t * H, H, m->eps);
+    linear(&ly->gate_up, s->h, T, s->gu, s->q);
+    for (int t = 0; t < T; t++) {
+        float *g = s->gu + t * 2 * I;
+        for (int j = 0; j < I; j++) s->attn[t * I + j] = silu(g[j]) * g[I + j];  /* attn: free until the next layer */
+    }
+    linear(&ly->down, s->attn, T, s->mix, s->q);
+    for (int t = 0; t < T * H; t++) s->resid[t] += s->mix[t];
+}
+
+/* the heads' guesses at one final hidden row: head j = argmax w2_j(row + silu(w1_j row)) + offset */
+static void draft_heads(const Model *m, const float *row, Scratch *s, int64_t *head_ids) {
+    int H = m->hidden, K = m->n_draft;
+    linear(&m->heads_w1, row, 1, s->gu, s->q);
+    for (int j = 0; j < K; j++)
+        for (int d = 0; d < H; d++) s->mix[j * H + d] = row[d] + silu(s->gu[j * H + d]);
+    for (int j = 0; j < K; j++) {
+        linear(&m->heads_w2[j], s->mix + j * H, 1, s->qkv, s->q);
+        head_ids[j] = argmax(s->qkv, m->heads_w2[j].n) + m->head_offset;
+    }
+}
+
+/* One call: ids [T] after L cached positions (kv: [2 * layers][kv_heads][capacity][head_dim], the
+ * new rows written at L..L+T-1); logits [rows][vocab] and probs [rows] of the last `rows` ids. With
+ * draft heads: accepted = how many of the last rows - 1 ids equal the argmax of the row before
+ * each (the first mismatch), and with heads_on the heads' guesses at that row. Returns 0, or -1
+ * for arguments out of range (checked by the caller too). */
+int sol_run(const Model *m, const int64_t *ids, int T, int L, int rows, int heads_on, float *kv, float *logits,
+            float *probs, int64_t *accepted, int64_t *head_ids, float *scratch) {
+    if (T < 1 || rows < 1 || rows > T || L < 0 || L + T > m->capacity) return -1;
+    for (int t = 0; t < T; t++)
+        if (ids[t] < 0 || ids[t] >= m->vocab) return -1;
+    int H = m->hidden;
+    Scratch s = carve(m, T, scratch);
+    for (int t = 0; t < T; t++) memcpy(s.resid + t * H, m->embed + (size_t)ids[t] * H, sizeof(float) * H);
+    for (int i = 0; i < m->n_layers; i++) {
+        attention_block(m, i, T, L, kv, &s);
+        mlp_block(m, i, T, &s);
+    }
+    int first = T - rows;
+    for (int r = 0; r < rows; r++) rms_norm(s.resid + (first + r) * H, m->final_norm, s.h + r * H, H, m->eps);
+    linear(&m->lm_head, s.h, rows, logits, s.q);
+    int n = rows - 1;
+    for (int r = 0; r < rows; r++) {
+        const float *row = logits + (size_t)r * m->vocab;
+        int best = argmax(row, m->vocab);
+        probs[r] = top_prob(row, m->vocab, row[best], s.gu);
+        if (n == rows - 1 && r < n && ids[first + r + 1] != best) n = r;  /* the first guess missed */
+    }
+    if (m->n_draft) {
+        accepted[0] = n;
+        if (heads_on) draft_heads(m, s.h + n * H, &s, head_ids);
+        else memset(head_ids, 0, sizeof(int64_t) * m->n_draft);
+    }
+    return 0;
+}

@@ -1,0 +1,200 @@
+"""The native backend (sol_control.decoding.native): the int8 graphs' whole pass in C.
+
+Against ONNX Runtime on the same graph files (the shipped grasp and QC targets, and a tiny static
+int8 model with heads whose outputs are not a multiple of 16), row exactness, speculation equal to
+plain greedy, and every way it declines (other graphs, no library, a CPU without VNNI for a VNNI
+build) ending on ONNX Runtime or, when asked for, in a clear error."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sol_control.bundle import Bundle
+from sol_control.config import DecodingConfig
+from sol_control.decoding import greedy, open_decoder, speculate_heads
+from sol_control.decoding import native
+from sol_control.decoding.fused import FusedDecoderSession
+from sol_control.decoding.native import NativeDecoderSession, NativeUnsupported
+from sol_control.graph.calibrate import static_int8
+from sol_control.graph.llama import build_decoder
+from tests.test_graph import tiny_heads, tiny_weights
+
+MODELS = Path(__file__).resolve().parents[1] / "models"
+LOGIT_ATOL = 1e-4  # the shipped graphs agree bit for bit on this CPU; other CPUs may round exp differently
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built():
+    """`make test` builds the library (`make native`); only a machine without a C compiler may lack it."""
+    if native.library() is None:
+        if shutil.which("cc") is None and shutil.which("gcc") is None:
+            pytest.skip("no C compiler: the native pass is not built here")
+        pytest.fail(f"{native.LIBRARY} is not built or does not load: run `make native`")
+
+
+@pytest.fixture(scope="module")
+def tiny_static(tmp_path_factory) -> Path:
+    """A tiny int8 graph with static activations and three heads of 40 outputs each (not a multiple
+    of 16: the C pass pads the last block of 16)."""
+    w = tiny_weights(seed=3)
+    w.heads = tiny_heads(w, k=3, offset=40, n_out=40)
+    rng = np.random.default_rng(0)
+    seqs = [(rng.integers(0, 96, int(rng.integers(6, 20))), int(rng.integers(2, 6))) for _ in range(12)]
+    return build_decoder(static_int8(w, seqs), tmp_path_factory.mktemp("native") / "tiny.onnx", "int8",
+                         int8_activations="static")
+
+
+def _both(path: Path) -> tuple[NativeDecoderSession, FusedDecoderSession]:
+    nat, ort_sess = NativeDecoderSession(path), FusedDecoderSession(path, min_step_tokens=1)
+    for s in (nat, ort_sess):
+        s.use_heads(True)
+    return nat, ort_sess
+
+
+def _graphs():
+    return [MODELS / "grasp" / "target_fused_int8.onnx", MODELS / "qc" / "target_fused_int8.onnx"]
+
+
+@pytest.mark.parametrize("which", ["grasp", "qc", "tiny"])
+def test_the_native_pass_computes_what_onnxruntime_computes(which, tiny_static):
+    """Prefill rows and verify passes: logits, each row's top probability, the accepted count and the
+    heads' guesses, against an ORT session of the same file."""
+    path = tiny_static if which == "tiny" else MODELS / which / "target_fused_int8.onnx"
+    nat, ref = _both(path)
+    rng = np.random.default_rng(7)
+    checked_accepts = set()
+    for trial in range(12):
+        n = int(rng.integers(2, min(24, nat.max_context - 6)))
+        ids = rng.integers(0, nat.vocab, n + 5)
+        for s in (nat, ref):
+            s.reset()
+        got = [s.forward(ids[:n], rows=1).copy() for s in (nat, ref)]
+        np.testing.assert_allclose(got[0], got[1], atol=LOGIT_ATOL, rtol=0)
+        assert np.array_equal(nat.head_ids, ref.head_ids)
+        # a verify pass of the next token and 3 guesses, the first one right in every other trial
+        best = int(np.argmax(got[1][-1]))
+        right = int(np.argmax(ref.forward(np.array([best]), rows=1)[-1]))
+        ref.rewind(n)
+        guesses = rng.integers(0, nat.vocab, 3)
+        if trial % 2:
+            guesses[0] = right
+        tail = np.concatenate([[best], guesses])
+        got = [s.forward(tail, rows=len(tail)).copy() for s in (nat, ref)]
+        np.testing.assert_allclose(got[0], got[1], atol=LOGIT_ATOL, rtol=0)
+        np.testing.assert_allclose(nat.row_probs, ref.row_probs, rtol=1e-5)
+        assert nat.accepted == ref.accepted and np.array_equal(nat.head_ids, ref.head_ids)
+        checked_accepts.add(nat.accepted)
+    assert {0, 1} <= checked_accepts  # both ends of the acceptance rule compared
+
+
+@pytest.mark.parametrize("path", _graphs(), ids=["grasp", "qc"])
+def test_a_rows_numbers_do_not_depend_on_its_call(path):
+    """One token at a time equals the same tokens in one pass, bit for bit: the C pass needs no
+    query pad and no pairs (its sessions run min_step_tokens 1)."""
+    nat = NativeDecoderSession(path)
+    assert nat.min_step_tokens == 1 and nat.exact_rows(probes=5)
+    ids = np.random.default_rng(3).integers(0, nat.vocab, 20)
+    whole = nat.forward(ids).copy()
+    nat.reset()
+    singles = np.concatenate([nat.forward(ids[i:i + 1]).copy() for i in range(len(ids))])
+    assert np.array_equal(whole, singles)
+
+
+def _prefixes(bundle: Bundle, n: int) -> list[np.ndarray]:
+    with bundle.load_array("reference.npz") as z:
+        prefixes = [np.asarray(z[k], np.int64) for k in sorted(z.files) if k.startswith("prefix")]
+    return prefixes[:n] or [np.random.default_rng(0).integers(4, 400, 20) for _ in range(n)]
+
+
+@pytest.mark.parametrize("task", ["grasp", "qc"])
+def test_speculation_on_the_native_pass_equals_plain_greedy_and_onnxruntimes_answers(task):
+    """The bundle's own draft heads on the native pass: the tokens of plain greedy on it, which are
+    ONNX Runtime's plain greedy tokens on the same int8 graph."""
+    bundle = Bundle.load(MODELS / task)
+    nat = open_decoder(bundle, "target", "int8", backend="native")
+    ref = open_decoder(bundle, "target", "int8", backend="onnxruntime")
+    assert isinstance(nat, NativeDecoderSession) and not isinstance(ref, NativeDecoderSession)
+    rng = np.random.default_rng(11)
+    accepted = 0
+    for _ in range(10):
+        prefix = np.concatenate([[bundle.manifest.vocab.bos], rng.integers(*bundle.manifest.vocab.observation, 20),
+                                 [bundle.manifest.vocab.sep]]).astype(np.int64)
+        plain = greedy(nat, prefix, 15).tokens
+        r = speculate_heads(nat, prefix, 15)
+        assert r.tokens == plain == greedy(ref, prefix, 15).tokens
+        accepted += r.stats.accepted
+    assert accepted > 0
+
+
+def test_other_graphs_are_declined_and_run_on_onnxruntime(tmp_path):
+    """fp32, int4 and per-row int8 graphs: NativeUnsupported with the reason; open_decoder's "auto"
+    then opens ORT, "native" raises."""
+    w = tiny_weights(seed=3)
+    for precision, extra in (("fp32", {}), ("int4", {}), ("int8", {"int8_activations": "rows"})):
+        path = build_decoder(w, tmp_path / f"{precision}_{len(extra)}.onnx", precision, **extra)
+        with pytest.raises(NativeUnsupported, match="fused int8|static"):
+            NativeDecoderSession(path)
+    grasp = Bundle.load(MODELS / "grasp")
+    assert type(open_decoder(grasp, "target", "fp32")) is FusedDecoderSession
+    with pytest.raises(NativeUnsupported):
+        open_decoder(grasp, "target", "int4", backend="native")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        open_decoder(grasp, "target", "int8", backend="cuda")
+
+
+def test_the_backend_comes_from_the_argument_the_environment_or_auto(monkeypatch):
+    grasp = Bundle.load(MODELS / "grasp")
+    monkeypatch.setenv("SOL_CONTROL_BACKEND", "onnxruntime")
+    assert type(open_decoder(grasp, "target", "int8")) is FusedDecoderSession
+    assert isinstance(open_decoder(grasp, "target", "int8", backend="auto"), NativeDecoderSession)
+    monkeypatch.setenv("SOL_CONTROL_BACKEND", "gpu")
+    with pytest.raises(ValueError, match="SOL_CONTROL_BACKEND|backend must be"):
+        open_decoder(grasp, "target", "int8")
+
+
+def test_without_the_library_or_on_a_cpu_without_vnni_onnxruntime_runs(monkeypatch, tmp_path):
+    grasp = Bundle.load(MODELS / "grasp")
+    monkeypatch.setattr(native, "LIBRARY", tmp_path / "missing.so")
+    native.library.cache_clear()
+    try:
+        assert native.library() is None
+        assert type(open_decoder(grasp, "target", "int8")) is FusedDecoderSession
+        with pytest.raises(NativeUnsupported, match="make native"):
+            open_decoder(grasp, "target", "int8", backend="native")
+        monkeypatch.undo()
+        native.library.cache_clear()
+        monkeypatch.setattr(native, "_cpu_has_vnni", lambda: False)
+        assert (native.library() is None) == bool(native.ctypes.CDLL(str(native.LIBRARY)).sol_vnni())
+    finally:
+        monkeypatch.undo()
+        native.library.cache_clear()
+    assert native.library() is not None
+
+
+def test_bad_calls_are_refused_without_touching_the_cache(tiny_static):
+    """Ids out of the vocabulary and a context past the cache: a ValueError from the session, and
+    the C pass itself returns -1 for what reaches it (nothing written)."""
+    nat = NativeDecoderSession(tiny_static)
+    nat.forward(np.array([1, 2, 3]))
+    kv = nat._kv.copy()
+    with pytest.raises(ValueError, match="token ids"):
+        nat.forward(np.array([5, 96]))
+    with pytest.raises(ValueError, match="exceeds max_context"):
+        nat.forward(np.zeros(nat.max_context, np.int64))
+    m, ids, kvp, logits, probs, acc, heads, scratch = nat._c_args
+    nat._ids[:2] = (4, -1)
+    assert nat._c_run(m, ids, 2, 3, 1, True, kvp, logits, probs, acc, heads, scratch) == -1
+    assert nat._c_run(m, ids, 1, nat._capacity, 1, True, kvp, logits, probs, acc, heads, scratch) == -1
+    assert np.array_equal(nat._kv, kv) and nat.length == 3
+
+
+def test_the_node_config_picks_the_backend():
+    from sol_control.planners import FastPlanner
+
+    grasp = Bundle.load(MODELS / "grasp")
+    fast = FastPlanner(grasp, 15, DecodingConfig(backend="auto"))
+    slow = FastPlanner(grasp, 15, DecodingConfig(backend="onnxruntime"))
+    assert isinstance(fast.target, NativeDecoderSession) and not isinstance(slow.target, NativeDecoderSession)
