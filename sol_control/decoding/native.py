@@ -75,6 +75,8 @@ def library() -> ctypes.CDLL | None:
         return None
     lib.sol_scratch_floats.restype = ctypes.c_long
     lib.sol_scratch_floats.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.sol_keys_t_floats.restype = ctypes.c_long
+    lib.sol_keys_t_floats.argtypes = [ctypes.c_void_p]
     return lib
 
 
@@ -229,17 +231,18 @@ class NativeDecoderSession(FusedDecoderSession):
             raise NativeUnsupported(f"{path}: graph tables ({m.capacity} rows, vocab {m.vocab}) do not match its "
                                     f"I/O ({self._capacity}, {self.vocab})")
         self._scratch = np.zeros(lib.sol_scratch_floats(ctypes.byref(m), self.max_step_tokens), np.float32)
+        self._keys_t = np.zeros(lib.sol_keys_t_floats(ctypes.byref(m)), np.float32)  # the C pass's own key layout
         self._c_run = lib.sol_run
         self._c_run.restype = ctypes.c_int
         ptr = lambda a: ctypes.c_void_p(a.ctypes.data)  # noqa: E731
-        self._c_args = (ctypes.byref(m), ptr(self._ids), ptr(self._kv), ptr(self._logits), ptr(self._probs),
-                        ptr(self._accepted), ptr(self._heads), ptr(self._scratch))
+        self._c_args = (ctypes.byref(m), ptr(self._ids), ptr(self._kv), ptr(self._keys_t), ptr(self._logits),
+                        ptr(self._probs), ptr(self._accepted), ptr(self._heads), ptr(self._scratch))
 
     def _call(self, T: int, L: int, rows: int, b) -> None:
         if self._through_ort:
             return super()._call(T, L, rows, b)
-        m, ids, kv, logits, probs, accepted, heads, scratch = self._c_args
-        if self._c_run(m, ids, T, L, rows, bool(self._heads_on), kv, logits, probs, accepted, heads, scratch):
+        m, ids, kv, keys_t, logits, probs, accepted, heads, scratch = self._c_args
+        if self._c_run(m, ids, T, L, rows, bool(self._heads_on), kv, keys_t, logits, probs, accepted, heads, scratch):
             raise ValueError(f"{self.name}: native pass refused T={T} after L={L} ({rows} rows)")
 
     def agrees_with_onnxruntime(self, probes: int = 3) -> float:

@@ -57,6 +57,12 @@ int sol_vnni(void) { return SOL_VNNI; }
 
 /* ---- float helpers: fixed-order reductions, a branch-free exp ---------------------------- */
 
+/* 16 floats as one value (GCC vector extension: one zmm with AVX-512, smaller registers elsewhere) */
+typedef float v16 __attribute__((vector_size(64)));
+typedef float v16u __attribute__((vector_size(64), aligned(4), may_alias));
+static inline v16 load16(const float *p) { return *(const v16u *)p; }
+static inline void store16(float *p, v16 v) { *(v16u *)p = v; }
+
 static float tree16(const float *a) {
     float b[8], c[4];
     for (int i = 0; i < 8; i++) b[i] = a[i] + a[i + 8];
@@ -229,25 +235,49 @@ static void rotate(float *v, const float *cos, const float *sin, int d) {
     }
 }
 
-/* one row's attention at position pos over cache rows [0, pos] of one layer */
-static void attend(const Model *m, const float *q, const float *keys, const float *values, int pos,
+static int padded16(int n) { return (n + 15) / 16 * 16; }
+
+/* one row's attention at position pos over cache rows [0, pos] of one layer; the keys transposed
+ * ([kv_heads][head_dim][capacity rounded up to 16]: 16 positions' scores from one sweep over the
+ * head dim, each a sum in the order of d), the values as the cache holds them */
+static void attend(const Model *m, const float *q, const float *keys_t, const float *values, int pos,
                    float *out, float *scores) {
-    int D = m->head_dim, C = m->capacity, group = m->n_heads / m->kv_heads;
+    int D = m->head_dim, C = m->capacity, Ct = padded16(C), group = m->n_heads / m->kv_heads, n = pos + 1;
     for (int h = 0; h < m->n_heads; h++) {
-        const float *K = keys + (size_t)(h / group) * C * D, *V = values + (size_t)(h / group) * C * D;
-        float top = -INFINITY, sum = 0;
-        for (int j = 0; j <= pos; j++) {
-            scores[j] = dot(q + h * D, K + (size_t)j * D, D) * m->attn_scale;
-            top = scores[j] > top ? scores[j] : top;
+        const float *KT = keys_t + (size_t)(h / group) * D * Ct, *V = values + (size_t)(h / group) * C * D;
+        const float *qh = q + h * D;
+        for (int j0 = 0; j0 < n; j0 += 16) {  /* four chains over d (d mod 4), summed in one order */
+            v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+            for (int d = 0; d < D; d += 4) {
+                const float *k = KT + (size_t)d * Ct + j0;
+                a0 += qh[d] * load16(k);
+                a1 += qh[d + 1] * load16(k + Ct);
+                a2 += qh[d + 2] * load16(k + 2 * Ct);
+                a3 += qh[d + 3] * load16(k + 3 * Ct);
+            }
+            store16(scores + j0, ((a0 + a1) + (a2 + a3)) * m->attn_scale);
         }
-        for (int j = 0; j <= pos; j++) scores[j] = fast_exp(scores[j] - top);
-        sum = sum16(scores, pos + 1);
-        float inv = 1.0f / sum;
-        for (int d0 = 0; d0 < D; d0 += 16) {  /* 16 columns in registers over all positions */
-            float acc[16] = {0};
-            for (int j = 0; j <= pos; j++)
-                for (int l = 0; l < 16; l++) acc[l] += scores[j] * V[(size_t)j * D + d0 + l];
-            for (int l = 0; l < 16; l++) out[h * D + d0 + l] = acc[l] * inv;
+        float top = scores[0];
+        for (int j = 1; j < n; j++) top = scores[j] > top ? scores[j] : top;
+        for (int j = 0; j < n; j++) scores[j] = fast_exp(scores[j] - top);
+        float inv = 1.0f / sum16(scores, n);
+        int d0 = 0;
+        for (; d0 + 64 <= D; d0 += 64) {  /* 64 columns in registers over all positions */
+            v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+            for (int j = 0; j < n; j++) {
+                const float *v = V + (size_t)j * D + d0;
+                a0 += scores[j] * load16(v);
+                a1 += scores[j] * load16(v + 16);
+                a2 += scores[j] * load16(v + 32);
+                a3 += scores[j] * load16(v + 48);
+            }
+            float *o = out + h * D + d0;
+            store16(o, a0 * inv), store16(o + 16, a1 * inv), store16(o + 32, a2 * inv), store16(o + 48, a3 * inv);
+        }
+        for (; d0 < D; d0 += 16) {
+            v16 acc = {0};
+            for (int j = 0; j < n; j++) acc += scores[j] * load16(V + (size_t)j * D + d0);
+            store16(out + h * D + d0, acc * inv);
         }
     }
 }
@@ -271,7 +301,7 @@ static int mix_width(const Model *m) {  /* attention rows, then the MLP's gated 
 /* floats of scratch a pass of T tokens needs */
 long sol_scratch_floats(const Model *m, int T) {
     long rows = T > m->n_draft ? T : m->n_draft, W = max_width(m);
-    return rows * (4L * m->hidden + mix_width(m) + 2 * W) + m->capacity + rows * W / 4 + 64;
+    return rows * (4L * m->hidden + mix_width(m) + 2 * W) + padded16(m->capacity) + rows * W / 4 + 64;
 }
 
 static Scratch carve(const Model *m, int T, float *s) {
@@ -283,16 +313,17 @@ static Scratch carve(const Model *m, int T, float *s) {
     c.mix = s; s += rows * H * 2;
     c.qkv = s; s += rows * W;
     c.gu = s; s += rows * W;
-    c.scores = s; s += m->capacity;
+    c.scores = s; s += padded16(m->capacity);
     c.q = (uint8_t *)s;  /* rows * k bytes, k <= W */
     return c;
 }
 
-static void attention_block(const Model *m, int i, int T, int L, float *kv, Scratch *s) {
+static void attention_block(const Model *m, int i, int T, int L, float *kv, float *keys_t, Scratch *s) {
     const Layer *ly = &m->layers[i];
     int H = m->hidden, D = m->head_dim, nq = m->n_heads * D, nkv = m->kv_heads * D, C = m->capacity;
-    int width = nq + 2 * nkv;
+    int width = nq + 2 * nkv, Ct = padded16(C);
     float *keys = kv + (size_t)(2 * i) * m->kv_heads * C * D, *values = keys + (size_t)m->kv_heads * C * D;
+    float *kt = keys_t + (size_t)i * m->kv_heads * D * Ct;
     for (int t = 0; t < T; t++) rms_norm(s->resid + t * H, ly->ln1, s->h + t * H, H, m->eps);
     linear(&ly->qkv, s->h, T, s->qkv, s->q);
     for (int t = 0; t < T; t++) {
@@ -303,10 +334,11 @@ static void attention_block(const Model *m, int i, int T, int L, float *kv, Scra
         for (int h = 0; h < m->kv_heads; h++) {
             rotate(row + nq + h * D, cs, sn, D);
             memcpy(keys + ((size_t)h * C + pos) * D, row + nq + h * D, sizeof(float) * D);
+            for (int d = 0; d < D; d++) kt[((size_t)h * D + d) * Ct + pos] = row[nq + h * D + d];
             memcpy(values + ((size_t)h * C + pos) * D, row + nq + nkv + h * D, sizeof(float) * D);
         }
     }
-    for (int t = 0; t < T; t++) attend(m, s->qkv + t * width, keys, values, L + t, s->attn + t * nq, s->scores);
+    for (int t = 0; t < T; t++) attend(m, s->qkv + t * width, kt, values, L + t, s->attn + t * nq, s->scores);
     linear(&ly->o, s->attn, T, s->mix, s->q);
     for (int t = 0; t < T * H; t++) s->resid[t] += s->mix[t];
 }
@@ -336,13 +368,18 @@ static void draft_heads(const Model *m, const float *row, Scratch *s, int64_t *h
     }
 }
 
+/* floats of the transposed keys a session keeps beside its cache (sol_run's keys_t) */
+long sol_keys_t_floats(const Model *m) {
+    return (long)m->n_layers * m->kv_heads * m->head_dim * padded16(m->capacity);
+}
+
 /* One call: ids [T] after L cached positions (kv: [2 * layers][kv_heads][capacity][head_dim], the
- * new rows written at L..L+T-1); logits [rows][vocab] and probs [rows] of the last `rows` ids. With
+ * new rows written at L..L+T-1, and keys_t the same keys transposed, sol_keys_t_floats); logits [rows][vocab] and probs [rows] of the last `rows` ids. With
  * draft heads: accepted = how many of the last rows - 1 ids equal the argmax of the row before
  * each (the first mismatch), and with heads_on the heads' guesses at that row. Returns 0, or -1
  * for arguments out of range (checked by the caller too). */
-int sol_run(const Model *m, const int64_t *ids, int T, int L, int rows, int heads_on, float *kv, float *logits,
-            float *probs, int64_t *accepted, int64_t *head_ids, float *scratch) {
+int sol_run(const Model *m, const int64_t *ids, int T, int L, int rows, int heads_on, float *kv, float *keys_t,
+            float *logits, float *probs, int64_t *accepted, int64_t *head_ids, float *scratch) {
     if (T < 1 || rows < 1 || rows > T || L < 0 || L + T > m->capacity) return -1;
     for (int t = 0; t < T; t++)
         if (ids[t] < 0 || ids[t] >= m->vocab) return -1;
@@ -350,7 +387,7 @@ int sol_run(const Model *m, const int64_t *ids, int T, int L, int rows, int head
     Scratch s = carve(m, T, scratch);
     for (int t = 0; t < T; t++) memcpy(s.resid + t * H, m->embed + (size_t)ids[t] * H, sizeof(float) * H);
     for (int i = 0; i < m->n_layers; i++) {
-        attention_block(m, i, T, L, kv, &s);
+        attention_block(m, i, T, L, kv, keys_t, &s);
         mlp_block(m, i, T, &s);
     }
     int first = T - rows;
