@@ -6,7 +6,6 @@ plain greedy, and every way it declines (other graphs, no library, a CPU without
 build) ending on ONNX Runtime or, when asked for, in a clear error."""
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +19,7 @@ from sol_control.decoding.fused import FusedDecoderSession
 from sol_control.decoding.native import NativeDecoderSession, NativeUnsupported
 from sol_control.graph.calibrate import static_int8
 from sol_control.graph.llama import build_decoder
+from sol_control.native import build
 from tests.test_graph import tiny_heads, tiny_weights
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
@@ -28,11 +28,14 @@ LOGIT_ATOL = 1e-4  # the shipped graphs agree bit for bit on this CPU; other CPU
 
 @pytest.fixture(scope="module", autouse=True)
 def built():
-    """`make test` builds the library (`make native`); only a machine without a C compiler may lack it."""
+    """`make test` builds the library (`make native`), a bare `pytest` here; only a machine without
+    a C compiler may lack it."""
     if native.library() is None:
-        if shutil.which("cc") is None and shutil.which("gcc") is None:
+        if build.compiler() is None:
             pytest.skip("no C compiler: the native pass is not built here")
-        pytest.fail(f"{native.LIBRARY} is not built or does not load: run `make native`")
+        build.build()
+        native.library.cache_clear()
+    assert native.library() is not None, f"{native.LIBRARY} does not load"
 
 
 @pytest.fixture(scope="module")
@@ -198,3 +201,26 @@ def test_the_node_config_picks_the_backend():
     fast = FastPlanner(grasp, 15, DecodingConfig(backend="auto"))
     slow = FastPlanner(grasp, 15, DecodingConfig(backend="onnxruntime"))
     assert isinstance(fast.target, NativeDecoderSession) and not isinstance(slow.target, NativeDecoderSession)
+
+
+def test_the_plain_c_build_decides_as_the_vnni_build(tmp_path, monkeypatch):
+    """A CPU without AVX-512 VNNI runs the plain C sums: the same integers, so the same logits up to
+    the float rounding the two builds' instructions allow, and the same greedy answers."""
+    if not build.cpu_has_vnni():
+        pytest.skip("this CPU has no VNNI: the library under test is the plain C build already")
+    path = MODELS / "grasp" / "target_fused_int8.onnx"
+    fast = NativeDecoderSession(path)
+    assert build.build(tmp_path / build.LIBRARY_NAME, vnni=False) is not None
+    monkeypatch.setattr(native, "LIBRARY", tmp_path / build.LIBRARY_NAME)
+    native.library.cache_clear()
+    try:
+        plain = NativeDecoderSession(path)
+        assert not native.library().sol_vnni()
+        ids = np.random.default_rng(5).integers(0, plain.vocab, 24)
+        np.testing.assert_allclose(plain.forward(ids), fast.forward(ids), atol=LOGIT_ATOL, rtol=0)
+        prefix = ids[:20]
+        assert greedy(plain, prefix, 15).tokens == greedy(fast, prefix, 15).tokens
+    finally:
+        monkeypatch.undo()
+        native.library.cache_clear()
+
