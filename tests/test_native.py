@@ -187,10 +187,9 @@ def test_bad_calls_are_refused_without_touching_the_cache(tiny_static):
         nat.forward(np.array([5, 96]))
     with pytest.raises(ValueError, match="exceeds max_context"):
         nat.forward(np.zeros(nat.max_context, np.int64))
-    m, ids, *buffers = nat._c_args
     nat._ids[:2] = (4, -1)
-    assert nat._c_run(m, ids, 2, 3, 1, True, *buffers) == -1
-    assert nat._c_run(m, ids, 1, nat._capacity, 1, True, *buffers) == -1
+    assert nat._c_run(*nat._c_args, 2, 3, 1, True, *nat._c_buffers) == -1
+    assert nat._c_run(*nat._c_args, 1, nat._capacity, 1, True, *nat._c_buffers) == -1
     assert np.array_equal(nat._kv, kv) and nat.length == 3
 
 
