@@ -138,7 +138,7 @@ def test_other_graphs_are_declined_and_run_on_onnxruntime(tmp_path):
     w = tiny_weights(seed=3)
     for precision, extra in (("fp32", {}), ("int4", {}), ("int8", {"int8_activations": "rows"})):
         path = build_decoder(w, tmp_path / f"{precision}_{len(extra)}.onnx", precision, **extra)
-        with pytest.raises(NativeUnsupported, match="fused int8|static"):
+        with pytest.raises(NativeUnsupported, match="fused int8|static|4-bit blocks"):
             NativeDecoderSession(path)
     grasp = Bundle.load(MODELS / "grasp")
     assert type(open_decoder(grasp, "target", "fp32")) is FusedDecoderSession
@@ -223,3 +223,60 @@ def test_the_plain_c_build_decides_as_the_vnni_build(tmp_path, monkeypatch):
         monkeypatch.undo()
         native.library.cache_clear()
 
+
+
+# ---- an imported LM's int4 graph (the tiny Llama of tests/test_lm_heads.py, chained heads) ---------
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory) -> Bundle:
+    from tests.test_lm_heads import _import_with_heads
+
+    return Bundle.load(_import_with_heads(tmp_path_factory.mktemp("native_lm"), chain=True)[2])
+
+
+def _lm_pair(lm: Bundle, prefill: bool):
+    kwargs = {"prefill_precision": "int8"} if prefill else {}
+    nat = open_decoder(lm, "target", "int4", backend="native", **kwargs)
+    ref = open_decoder(lm, "target", "int4", backend="onnxruntime", **kwargs)
+    assert isinstance(nat, NativeDecoderSession) and nat.draft_heads == 3
+    return nat, ref
+
+
+def test_an_imported_lms_int4_graph_runs_natively_close_to_onnxruntime(lm):
+    """The 4-bit linears with their mins, the 8-bit embedding, the dual-row lm_head and the chained
+    heads: logits within int8-activation rounding of ORT's (relative), the same greedy answers on
+    the prompts, the heads' guesses mostly the same."""
+    nat, ref = _lm_pair(lm, prefill=False)
+    assert nat.agrees_with_onnxruntime(probes=5) < 0.02
+    same_heads = 0
+    for prompt in ([1, 100, 71, 234, 5], [40, 41, 42], [1, 270, 7, 7, 7, 9, 150, 3]):
+        ids = np.asarray(prompt, np.int64)
+        assert greedy(nat, ids, 12).tokens == greedy(ref, ids, 12).tokens
+        for s in (nat, ref):
+            s.use_heads(True)
+            s.reset()
+            s.forward(ids, rows=1)
+        same_heads += int(np.array_equal(nat.head_ids, ref.head_ids))
+    assert same_heads >= 2
+
+
+def test_speculation_on_the_native_int4_pass_equals_its_plain_greedy(lm):
+    """Heads and prompt lookup on the C pass, the prefills through ORT's int8 graph (as the bench's
+    int4 rows): the tokens of plain greedy on the same session."""
+    nat, _ = _lm_pair(lm, prefill=True)
+    rng = np.random.default_rng(2)
+    for _ in range(6):
+        prefix = rng.integers(3, nat.vocab, int(rng.integers(3, 12)))
+        plain = greedy(nat, prefix, 16).tokens
+        assert speculate_heads(nat, prefix, 16).tokens == plain
+        assert speculate_heads(nat, prefix, 16, lookup=4).tokens == plain
+
+
+def test_keys_written_by_the_prefill_graph_are_taken_over(lm):
+    """After a prefill through ORT's int8 graph the C pass's transposed keys hold the cache's keys."""
+    nat, _ = _lm_pair(lm, prefill=True)
+    nat.prefill(np.arange(3, 20, dtype=np.int64))
+    L, C, D, kv = nat.length, nat._capacity, nat.head_dim, nat.n_heads
+    keys = nat._kv[0].reshape(kv, C, D)[:, :L]
+    keys_t = nat._keys_t[: kv * D * -(-C // 16) * 16].reshape(kv, D, -1)[:, :, :L]
+    assert np.array_equal(keys_t, keys.transpose(0, 2, 1)) and np.any(keys != 0)

@@ -383,14 +383,14 @@ def _native_session(path, context: int, name: str, prefill, choice: str):
     """A NativeDecoderSession when the graph and the build allow one and it computes what ONNX
     Runtime computes on this graph (`agrees_with_onnxruntime`), else None ("auto") or
     NativeUnsupported ("native")."""
-    from .native import MAX_LOGIT_DIFF, NativeDecoderSession, NativeUnsupported
+    from .native import MAX_RELATIVE_DIFF, NativeDecoderSession, NativeUnsupported
 
     try:
         sess = NativeDecoderSession(path, context, name=name, prefill_path=prefill)
         diff = sess.agrees_with_onnxruntime()
-        if not diff <= MAX_LOGIT_DIFF:
-            raise NativeUnsupported(f"{path}: the native pass parts from ONNX Runtime's (|logit diff| {diff:.3g} "
-                                    f"> {MAX_LOGIT_DIFF})")
+        if not diff <= MAX_RELATIVE_DIFF:
+            raise NativeUnsupported(f"{path}: the native pass parts from ONNX Runtime's (logits {diff:.3g} apart, "
+                                    f"relative; more than {MAX_RELATIVE_DIFF})")
         return sess
     except NativeUnsupported:
         if choice == "native":

@@ -1,17 +1,23 @@
-/* One decoder pass of a small int8 Llama (the fused graph layout, "static" int8 activations) in C.
+/* One decoder pass of a quantized Llama in the fused graph layout, in C.
  *
- * The same computation as sol_control.graph.llama's int8 graph (the shipped grasp and QC targets),
- * without ONNX Runtime's per-node cost: on a 3-layer, 2.9M-parameter model a 5-row ORT pass is
- * ~0.18 ms of fixed cost (72 nodes) and ~14 us a row; here the pass is its arithmetic.
+ * The same computation as two of sol_control.graph.llama's graphs, without ONNX Runtime's per-node
+ * cost: the int8 graphs with "static" activations (the shipped grasp and QC targets: on a 3-layer,
+ * 2.9M-parameter model a 5-row ORT pass is ~0.18 ms of fixed cost and ~14 us a row), and the int4
+ * graphs of an imported GGUF ("fast" mode: Q4_1 blocks as 4-bit weights plus a mins term, an 8-bit
+ * tied embedding and head with "dual" activation rows, chained draft heads; SmolLM2-135M).
  *
  * Every row goes through the same code: its numbers never depend on the other rows of the call
  * (the integer GEMMs are exact; every float reduction runs in one fixed order, 16 lanes then a
  * fixed tree), so a one-token pass equals that token's row in a verify pass bit for bit and
  * speculative decoding equals plain greedy without a query pad or pairs.
  *
- * Linears: y = (sum_k (u8(x) - 64) * w_s8) * (amax * channel_scale), x quantized on its
- * calibrated step amax / 64 (round half to even, saturated to [0, 255]); weights packed for
- * AVX-512 VNNI's vpdpbusd as [ceil(n / 16)][k / 4][16][4]. Without VNNI the same sums in plain C.
+ * int8 linears: y = (sum_k (u8(x) - 64) * w_s8) * channel_scale * a, x quantized to u8 on a step
+ * of a / 64 (round half to even, saturated): a = the calibrated |max| ("static"), the row's own
+ * |max| ("rows"), or the row's |max| with what the 7 bits left as a second row 128 times finer
+ * ("dual"); weights packed for AVX-512 VNNI's vpdpbusd as [ceil(n / 16)][k / 4][16][4].
+ * int4 linears: w = (q - 8) * scale per block of 32 inputs plus a per-block "min", x quantized to
+ * int8 per block (|max| / 127, as ONNX Runtime's MatMulNBits at accuracy level 4); records of 16
+ * outputs x 32 inputs (256 bytes of nibbles, 16 scales, 16 mins). Without VNNI the same sums in C.
  * Built by the Makefile (`make native`); sol_control.decoding.native loads it with ctypes.
  */
 #include <math.h>
@@ -24,17 +30,21 @@
 #define SOL_VNNI 0
 #endif
 
-#define MAX_LAYERS 16
+#define MAX_LAYERS 64
 #define MAX_HEADS 16
 #define ROW_BLOCK 8  /* rows per GEMM sweep: each weight vector is loaded once for up to 8 rows */
 #define ZERO_POINT 64
+#define Q4_BLOCK 32
+#define Q4_RECORD 384  /* bytes of one int4 record: 4 x 64 of nibbles, 16 scales, 16 mins */
+
+enum { LIN_STATIC = 0, LIN_ROWS = 1, LIN_DUAL = 2, LIN_Q4 = 3 };
 
 typedef struct {
-    const int8_t *w;          /* packed [ceil(n / 16)][k / 4][16][4], zeros past n */
-    const int32_t *zp_sums;   /* [n]: 64 * sum_k w[k][n] */
-    const float *scale;       /* [n]: activation amax * channel scale */
-    float step;               /* activation quantization step (amax / 64) */
-    int32_t k, n;
+    const int8_t *w;          /* int8: [ceil(n / 16)][k / 4][16][4], zeros past n; int4: [n / 16][k / 32] records */
+    const int32_t *zp_sums;   /* int8: [n]: 64 * sum_k w[k][n] */
+    const float *scale;       /* int8: [n]: channel scale x the static |max| (1 for rows / dual) */
+    float step;               /* LIN_STATIC: the activation step (|max| / 64) */
+    int32_t k, n, kind;
 } Linear;
 
 typedef struct {
@@ -43,14 +53,18 @@ typedef struct {
 } Layer;
 
 typedef struct {
-    int32_t n_layers, hidden, n_heads, kv_heads, head_dim, inter, vocab, capacity, n_draft, head_offset;
+    int32_t n_layers, hidden, n_heads, kv_heads, head_dim, inter, vocab, capacity, n_draft, head_offset, chained;
     float eps, attn_scale;
-    const float *embed;       /* [vocab][hidden] */
-    const float *cos, *sin;   /* [capacity][head_dim / 2] */
+    const float *embed;         /* [vocab][hidden] fp32, or NULL and: */
+    const uint8_t *embed_q8;    /* [vocab][hidden] 8-bit, zero point 128 */
+    const float *embed_scales;  /* [vocab][hidden / 32] */
+    const float *cos, *sin;     /* [capacity][head_dim / 2] */
     const float *final_norm;
     Layer layers[MAX_LAYERS];
     Linear lm_head, heads_w1;
-    Linear heads_w2[MAX_HEADS];
+    Linear heads_w2[MAX_HEADS];    /* plain heads: one output layer each */
+    Linear heads_prev[MAX_HEADS];  /* chained heads: the embedding of the token before each guess */
+    Linear heads_vocab;            /* chained heads: logits over the first n tokens */
 } Model;
 
 int sol_vnni(void) { return SOL_VNNI; }
@@ -138,11 +152,26 @@ static float top_prob(const float *x, int n, float m, float *tmp) {
 
 /* ---- int8 linears ------------------------------------------------------------------------- */
 
+typedef struct { uint8_t *q; float *tmp, *amax, *xs, *bs; int32_t *xc; } Work;  /* a linear's scratch */
+
+static uint8_t to_u8(float v) { return (uint8_t)(v < 0 ? 0 : (v > 255 ? 255 : v)); }
+
 static void quantize(const float *x, uint8_t *q, int n, float step) {
+    for (int i = 0; i < n; i++) q[i] = to_u8(nearbyintf(x[i] / step) + ZERO_POINT);
+}
+
+/* a row on its own |max| ("rows", "dual"): unit = x / |max|, q = round(unit / step) + 64 and, with
+ * `fine`, what that left in steps 128 times finer; returns the |max| */
+static float quantize_row(const float *x, uint8_t *q, uint8_t *fine, int n) {
+    const float step = 1.0f / ZERO_POINT, fine_step = step / (2 * ZERO_POINT);
+    float amax = 1e-30f;  /* an all-zero row stays zero */
+    for (int i = 0; i < n; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
     for (int i = 0; i < n; i++) {
-        float v = nearbyintf(x[i] / step) + ZERO_POINT;
-        q[i] = (uint8_t)(v < 0 ? 0 : (v > 255 ? 255 : v));
+        float unit = x[i] / amax;
+        q[i] = to_u8(nearbyintf(unit / step) + ZERO_POINT);
+        if (fine) fine[i] = to_u8(nearbyintf((unit - (float)(q[i] - ZERO_POINT) * step) / fine_step) + ZERO_POINT);
     }
+    return amax;
 }
 
 #define MAX_NB 4  /* 16-column blocks a sweep covers: 4 x up to 6 rows = 24 accumulators of 32 registers */
@@ -201,11 +230,10 @@ static void sweep_rows(const uint8_t *x, int R, int NB, int k, const int8_t *w, 
 }
 #endif
 
-/* y [R][n] = rows x [R][k] (float) through an int8 linear; q: room for R * k bytes */
-static void linear(const Linear *L, const float *x, int R, float *y, uint8_t *q) {
+/* y [R][n] = u8 rows q [R][k] through the int8 weights: (sum - zero point sums) * scale */
+static void gemm_s8(const Linear *L, const uint8_t *q, int R, float *y) {
     int k = L->k, n = L->n, blocks = (n + 15) / 16;  /* the last block's weights are zero-padded */
     size_t stride = (size_t)k * 16;
-    for (int r = 0; r < R; r++) quantize(x + r * k, q + r * k, k, L->step);
     int32_t acc[ROW_BLOCK * MAX_NB * 16];
     for (int r0 = 0; r0 < R; r0 += ROW_BLOCK) {
         int rb = R - r0 < ROW_BLOCK ? R - r0 : ROW_BLOCK, wide = rb <= 6 ? 4 : 2;
@@ -221,6 +249,138 @@ static void linear(const Linear *L, const float *x, int R, float *y, uint8_t *q)
             nb += NB;
         }
     }
+}
+
+/* y [R][n] = rows x [R][k] (float) through an int8 linear of any activation kind */
+static void int8_linear(const Linear *L, const float *x, int R, float *y, const Work *w) {
+    int k = L->k, n = L->n, dual = L->kind == LIN_DUAL;
+    if (L->kind == LIN_STATIC) {
+        for (int r = 0; r < R; r++) quantize(x + (size_t)r * k, w->q + (size_t)r * k, k, L->step);
+        gemm_s8(L, w->q, R, y);
+        return;
+    }
+    for (int r = 0; r < R; r++)  /* dual: the R rows, then their R finer rows, one GEMM */
+        w->amax[r] = quantize_row(x + (size_t)r * k, w->q + (size_t)r * k, dual ? w->q + (size_t)(R + r) * k : NULL, k);
+    gemm_s8(L, w->q, dual ? 2 * R : R, dual ? w->tmp : y);
+    for (int r = 0; r < R; r++) {
+        float *out = y + (size_t)r * n;
+        const float *hi = w->tmp + (size_t)r * n, *lo = w->tmp + (size_t)(R + r) * n;
+        if (dual)
+            for (int c = 0; c < n; c++) out[c] = (hi[c] + lo[c] * (1.0f / (2 * ZERO_POINT))) * w->amax[r];
+        else
+            for (int c = 0; c < n; c++) out[c] *= w->amax[r];
+    }
+}
+
+/* ---- int4 linears ------------------------------------------------------------------------- */
+
+/* one row to int8 per block of 32: q = round(x * 127 / |max|) with scale xs = |max| / 127, xc = 8 x
+ * the sum of q (the weights' implicit zero point 8), bs = the sum of x (for the mins term) */
+static void quantize_blocks(const float *x, int8_t *q, int k, float *xs, float *bs, int32_t *xc) {
+    for (int b = 0; b < k / Q4_BLOCK; b++) {
+        const float *v = x + b * Q4_BLOCK;
+        float amax = 0, halves[16];
+        for (int i = 0; i < Q4_BLOCK; i++) amax = fabsf(v[i]) > amax ? fabsf(v[i]) : amax;
+        float inv = amax > 0 ? 127.0f / amax : 0.0f;
+        int32_t sum = 0;
+        for (int i = 0; i < Q4_BLOCK; i++) {
+            q[b * Q4_BLOCK + i] = (int8_t)nearbyintf(v[i] * inv);
+            sum += q[b * Q4_BLOCK + i];
+        }
+        for (int l = 0; l < 16; l++) halves[l] = v[l] + v[l + 16];
+        xs[b] = amax / 127.0f, bs[b] = tree16(halves), xc[b] = 8 * sum;
+    }
+}
+
+#if SOL_VNNI
+/* y [R][n] for R <= 8 rows: each record's nibbles against the rows' int8 blocks (the low nibbles as
+ * they are, the high ones in place: 16 q, the sum shifted back), then scale and mins in float */
+static inline __attribute__((always_inline)) void q4_sweep(const Linear *L, const int8_t *q, const float *xs,
+                                                          const float *bs, const int32_t *xc, const int R, float *y) {
+    int k = L->k, n = L->n, nb = k / Q4_BLOCK;
+    const __m512i low = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8((char)0xF0);
+    const uint8_t *p = (const uint8_t *)L->w;
+    for (int g = 0; g < n / 16; g++) {
+        __m512 acc[ROW_BLOCK];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+        for (int b = 0; b < nb; b++, p += Q4_RECORD) {
+            __m512i lo_sum[ROW_BLOCK], hi_sum[ROW_BLOCK];
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) lo_sum[r] = hi_sum[r] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                __m512i v = _mm512_loadu_si512((const void *)(p + 64 * j));
+                __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(v, high);
+#pragma GCC unroll 8
+                for (int r = 0; r < R; r++) {
+                    int32_t a, c;
+                    memcpy(&a, q + (size_t)r * k + b * Q4_BLOCK + 8 * j, 4);
+                    memcpy(&c, q + (size_t)r * k + b * Q4_BLOCK + 8 * j + 4, 4);
+                    lo_sum[r] = _mm512_dpbusd_epi32(lo_sum[r], lo, _mm512_set1_epi32(a));
+                    hi_sum[r] = _mm512_dpbusd_epi32(hi_sum[r], hi, _mm512_set1_epi32(c));
+                }
+            }
+            __m512 ws = _mm512_loadu_ps((const float *)(p + 256)), mins = _mm512_loadu_ps((const float *)(p + 320));
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) {
+                __m512i sum = _mm512_sub_epi32(_mm512_add_epi32(lo_sum[r], _mm512_srai_epi32(hi_sum[r], 4)),
+                                               _mm512_set1_epi32(xc[r * nb + b]));
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(ws, _mm512_set1_ps(xs[r * nb + b])), acc[r]);
+                acc[r] = _mm512_fmadd_ps(mins, _mm512_set1_ps(bs[r * nb + b]), acc[r]);
+            }
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) _mm512_storeu_ps(y + (size_t)r * n + g * 16, acc[r]);
+    }
+}
+#define Q4_CASE(r) case r: q4_sweep(L, q, xs, bs, xc, r, y); break;
+static void q4_rows(const Linear *L, const int8_t *q, const float *xs, const float *bs, const int32_t *xc, int R,
+                    float *y) {
+    switch (R) { Q4_CASE(1) Q4_CASE(2) Q4_CASE(3) Q4_CASE(4) Q4_CASE(5) Q4_CASE(6) Q4_CASE(7) Q4_CASE(8) }
+}
+#else
+static void q4_rows(const Linear *L, const int8_t *q, const float *xs, const float *bs, const int32_t *xc, int R,
+                    float *y) {
+    int k = L->k, n = L->n, nb = k / Q4_BLOCK;
+    for (int r = 0; r < R; r++)
+        for (int g = 0; g < n / 16; g++) {
+            float acc[16] = {0};
+            for (int b = 0; b < nb; b++) {
+                const uint8_t *p = (const uint8_t *)L->w + ((size_t)g * nb + b) * Q4_RECORD;
+                const int8_t *x = q + (size_t)r * k + b * Q4_BLOCK;
+                const float *ws = (const float *)(p + 256), *mins = (const float *)(p + 320);
+                for (int l = 0; l < 16; l++) {
+                    int32_t sum = -xc[r * nb + b];
+                    for (int j = 0; j < 4; j++)
+                        for (int i = 0; i < 4; i++) {
+                            uint8_t v = p[64 * j + 4 * l + i];
+                            sum += (v & 15) * x[8 * j + i] + (v >> 4) * x[8 * j + 4 + i];
+                        }
+                    acc[l] += (float)sum * (ws[l] * xs[r * nb + b]);
+                    acc[l] += mins[l] * bs[r * nb + b];
+                }
+            }
+            memcpy(y + (size_t)r * n + g * 16, acc, sizeof acc);
+        }
+}
+#endif
+
+static void q4_linear(const Linear *L, const float *x, int R, float *y, const Work *w) {
+    int k = L->k, nb = k / Q4_BLOCK;
+    int8_t *q = (int8_t *)w->q;
+    for (int r = 0; r < R; r++)
+        quantize_blocks(x + (size_t)r * k, q + (size_t)r * k, k, w->xs + r * nb, w->bs + r * nb, w->xc + r * nb);
+    for (int r0 = 0; r0 < R; r0 += ROW_BLOCK)
+        q4_rows(L, q + (size_t)r0 * k, w->xs + r0 * nb, w->bs + r0 * nb, w->xc + r0 * nb,
+                R - r0 < ROW_BLOCK ? R - r0 : ROW_BLOCK, y + (size_t)r0 * L->n);
+}
+
+static void linear(const Linear *L, const float *x, int R, float *y, const Work *w) {
+    if (L->kind == LIN_Q4)
+        q4_linear(L, x, R, y, w);
+    else
+        int8_linear(L, x, R, y, w);
 }
 
 /* ---- attention ------------------------------------------------------------------------------ */
@@ -284,38 +444,55 @@ static void attend(const Model *m, const float *q, const float *keys_t, const fl
 
 /* ---- the pass --------------------------------------------------------------------------------- */
 
-typedef struct { float *resid, *h, *qkv, *attn, *mix, *gu, *scores; uint8_t *q; } Scratch;
+typedef struct { float *resid, *h, *qkv, *attn, *mix, *gu, *scores; Work w; } Scratch;
 
-static int max_width(const Model *m) {
-    int w = 2 * m->inter > m->vocab ? 2 * m->inter : m->vocab;
-    int qkv = (m->n_heads + 2 * m->kv_heads) * m->head_dim;
-    w = w > qkv ? w : qkv;
-    return w > m->n_draft * m->hidden ? w : m->n_draft * m->hidden;
+static int max3(int a, int b, int c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
+
+static int max_width(const Model *m) {  /* the widest output of a linear */
+    int w = max3(2 * m->inter, m->vocab, (m->n_heads + 2 * m->kv_heads) * m->head_dim);
+    return max3(w, m->n_draft * m->hidden, m->chained ? m->heads_vocab.n : 0);
 }
 
 static int mix_width(const Model *m) {  /* attention rows, then the MLP's gated rows */
-    int nq = m->n_heads * m->head_dim;
-    return nq > m->inter ? nq : m->inter;
+    return max3(m->n_heads * m->head_dim, m->inter, m->hidden);
+}
+
+/* the parts of a pass's scratch, in floats: [resid, h, attn, mix, qkv, gu, tmp, scores, amax, xs, bs,
+ * xc, q]; `rows` = the call's rows or the heads' */
+static void parts(const Model *m, long rows, long *size) {
+    long H = m->hidden, W = max_width(m), blocks = rows * mix_width(m) / Q4_BLOCK + rows;
+    long sizes[13] = {rows * H, rows * H, rows * mix_width(m), 2 * rows * H, rows * W, rows * W, 2 * rows * W,
+                      padded16(m->capacity), rows, blocks, blocks, blocks, (2 * rows * W + 3) / 4};
+    memcpy(size, sizes, sizeof sizes);
 }
 
 /* floats of scratch a pass of T tokens needs */
 long sol_scratch_floats(const Model *m, int T) {
-    long rows = T > m->n_draft ? T : m->n_draft, W = max_width(m);
-    return rows * (4L * m->hidden + mix_width(m) + 2 * W) + padded16(m->capacity) + rows * W / 4 + 64;
+    long size[13], total = 64;
+    parts(m, T > m->n_draft ? T : m->n_draft, size);
+    for (int i = 0; i < 13; i++) total += size[i];
+    return total;
 }
 
 static Scratch carve(const Model *m, int T, float *s) {
-    int rows = T > m->n_draft ? T : m->n_draft, H = m->hidden, W = max_width(m);
-    Scratch c;
-    c.resid = s; s += rows * H;
-    c.h = s; s += rows * H;
-    c.attn = s; s += rows * mix_width(m);
-    c.mix = s; s += rows * H * 2;
-    c.qkv = s; s += rows * W;
-    c.gu = s; s += rows * W;
-    c.scores = s; s += padded16(m->capacity);
-    c.q = (uint8_t *)s;  /* rows * k bytes, k <= W */
+    long size[13];
+    float *at[13];
+    parts(m, T > m->n_draft ? T : m->n_draft, size);
+    for (int i = 0; i < 13; i++) at[i] = s, s += size[i];
+    Scratch c = {at[0], at[1], at[4], at[2], at[3], at[5], at[7],
+                 {(uint8_t *)at[12], at[6], at[8], at[9], at[10], (int32_t *)at[11]}};
     return c;
+}
+
+static void embed_row(const Model *m, int64_t id, float *out) {
+    int H = m->hidden;
+    if (m->embed) {
+        memcpy(out, m->embed + (size_t)id * H, sizeof(float) * H);
+        return;
+    }
+    const uint8_t *q = m->embed_q8 + (size_t)id * H;
+    const float *scale = m->embed_scales + (size_t)id * (H / Q4_BLOCK);
+    for (int i = 0; i < H; i++) out[i] = (float)((int)q[i] - 128) * scale[i / Q4_BLOCK];
 }
 
 static void attention_block(const Model *m, int i, int T, int L, float *kv, float *keys_t, Scratch *s) {
@@ -325,7 +502,7 @@ static void attention_block(const Model *m, int i, int T, int L, float *kv, floa
     float *keys = kv + (size_t)(2 * i) * m->kv_heads * C * D, *values = keys + (size_t)m->kv_heads * C * D;
     float *kt = keys_t + (size_t)i * m->kv_heads * D * Ct;
     for (int t = 0; t < T; t++) rms_norm(s->resid + t * H, ly->ln1, s->h + t * H, H, m->eps);
-    linear(&ly->qkv, s->h, T, s->qkv, s->q);
+    linear(&ly->qkv, s->h, T, s->qkv, &s->w);
     for (int t = 0; t < T; t++) {
         int pos = L + t;
         float *row = s->qkv + t * width;
@@ -339,7 +516,7 @@ static void attention_block(const Model *m, int i, int T, int L, float *kv, floa
         }
     }
     for (int t = 0; t < T; t++) attend(m, s->qkv + t * width, kt, values, L + t, s->attn + t * nq, s->scores);
-    linear(&ly->o, s->attn, T, s->mix, s->q);
+    linear(&ly->o, s->attn, T, s->mix, &s->w);
     for (int t = 0; t < T * H; t++) s->resid[t] += s->mix[t];
 }
 
@@ -347,30 +524,57 @@ static void mlp_block(const Model *m, int i, int T, Scratch *s) {
     const Layer *ly = &m->layers[i];
     int H = m->hidden, I = m->inter;
     for (int t = 0; t < T; t++) rms_norm(s->resid + t * H, ly->ln2, s->h + t * H, H, m->eps);
-    linear(&ly->gate_up, s->h, T, s->gu, s->q);
+    linear(&ly->gate_up, s->h, T, s->gu, &s->w);
     for (int t = 0; t < T; t++) {
         float *g = s->gu + t * 2 * I;
         for (int j = 0; j < I; j++) s->attn[t * I + j] = silu(g[j]) * g[I + j];  /* attn: free until the next layer */
     }
-    linear(&ly->down, s->attn, T, s->mix, s->q);
+    linear(&ly->down, s->attn, T, s->mix, &s->w);
     for (int t = 0; t < T * H; t++) s->resid[t] += s->mix[t];
 }
 
-/* the heads' guesses at one final hidden row: head j = argmax w2_j(row + silu(w1_j row)) + offset */
+/* plain heads' guesses at one final hidden row: head j = argmax w2_j(row + silu(w1_j row)) + offset */
 static void draft_heads(const Model *m, const float *row, Scratch *s, int64_t *head_ids) {
     int H = m->hidden, K = m->n_draft;
-    linear(&m->heads_w1, row, 1, s->gu, s->q);
+    linear(&m->heads_w1, row, 1, s->gu, &s->w);
     for (int j = 0; j < K; j++)
         for (int d = 0; d < H; d++) s->mix[j * H + d] = row[d] + silu(s->gu[j * H + d]);
     for (int j = 0; j < K; j++) {
-        linear(&m->heads_w2[j], s->mix + j * H, 1, s->qkv, s->q);
+        linear(&m->heads_w2[j], s->mix + j * H, 1, s->qkv, &s->w);
         head_ids[j] = argmax(s->qkv, m->heads_w2[j].n) + m->head_offset;
+    }
+}
+
+/* chained heads, one after another: head j reads the row and the embedding e of the token before its
+ * guess (the row's own argmax `prev` for the first): argmax vocab(row + silu(w1_j row + prev_j e)) */
+static void chained_heads(const Model *m, const float *row, int64_t prev, Scratch *s, int64_t *head_ids) {
+    int H = m->hidden;
+    float *u = s->gu, *e = s->mix, *v = s->mix + H, *hj = s->attn;
+    linear(&m->heads_w1, row, 1, u, &s->w);
+    for (int j = 0; j < m->n_draft; j++) {
+        embed_row(m, prev, e);
+        linear(&m->heads_prev[j], e, 1, v, &s->w);
+        for (int d = 0; d < H; d++) hj[d] = row[d] + silu(u[j * H + d] + v[d]);
+        linear(&m->heads_vocab, hj, 1, s->qkv, &s->w);
+        head_ids[j] = prev = argmax(s->qkv, m->heads_vocab.n);
     }
 }
 
 /* floats of the transposed keys a session keeps beside its cache (sol_run's keys_t) */
 long sol_keys_t_floats(const Model *m) {
     return (long)m->n_layers * m->kv_heads * m->head_dim * padded16(m->capacity);
+}
+
+/* keys_t rows [L0, L1) from the cache's keys, after another engine wrote them (a prefill graph) */
+void sol_sync_keys(const Model *m, const float *kv, float *keys_t, int L0, int L1) {
+    int D = m->head_dim, C = m->capacity, Ct = padded16(C);
+    for (int i = 0; i < m->n_layers; i++) {
+        const float *keys = kv + (size_t)(2 * i) * m->kv_heads * C * D;
+        float *kt = keys_t + (size_t)i * m->kv_heads * D * Ct;
+        for (int h = 0; h < m->kv_heads; h++)
+            for (int pos = L0; pos < L1; pos++)
+                for (int d = 0; d < D; d++) kt[((size_t)h * D + d) * Ct + pos] = keys[((size_t)h * C + pos) * D + d];
+    }
 }
 
 /* One call: ids [T] after L cached positions (kv: [2 * layers][kv_heads][capacity][head_dim], the
@@ -385,25 +589,30 @@ int sol_run(const Model *m, const int64_t *ids, int T, int L, int rows, int head
         if (ids[t] < 0 || ids[t] >= m->vocab) return -1;
     int H = m->hidden;
     Scratch s = carve(m, T, scratch);
-    for (int t = 0; t < T; t++) memcpy(s.resid + t * H, m->embed + (size_t)ids[t] * H, sizeof(float) * H);
+    for (int t = 0; t < T; t++) embed_row(m, ids[t], s.resid + t * H);
     for (int i = 0; i < m->n_layers; i++) {
         attention_block(m, i, T, L, kv, keys_t, &s);
         mlp_block(m, i, T, &s);
     }
     int first = T - rows;
     for (int r = 0; r < rows; r++) rms_norm(s.resid + (first + r) * H, m->final_norm, s.h + r * H, H, m->eps);
-    linear(&m->lm_head, s.h, rows, logits, s.q);
-    int n = rows - 1;
+    linear(&m->lm_head, s.h, rows, logits, &s.w);
+    int n = rows - 1, best_n = 0;
     for (int r = 0; r < rows; r++) {
         const float *row = logits + (size_t)r * m->vocab;
         int best = argmax(row, m->vocab);
         probs[r] = top_prob(row, m->vocab, row[best], s.gu);
-        if (n == rows - 1 && r < n && ids[first + r + 1] != best) n = r;  /* the first guess missed */
+        if (r == n) best_n = best;
+        if (n == rows - 1 && r < n && ids[first + r + 1] != best) n = r, best_n = best;  /* the first guess missed */
     }
     if (m->n_draft) {
         accepted[0] = n;
-        if (heads_on) draft_heads(m, s.h + n * H, &s, head_ids);
-        else memset(head_ids, 0, sizeof(int64_t) * m->n_draft);
+        if (!heads_on)
+            memset(head_ids, 0, sizeof(int64_t) * m->n_draft);
+        else if (m->chained)
+            chained_heads(m, s.h + n * H, best_n, &s, head_ids);
+        else
+            draft_heads(m, s.h + n * H, &s, head_ids);
     }
     return 0;
 }
