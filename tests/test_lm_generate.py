@@ -170,9 +170,10 @@ def test_int4_prefills_through_the_int8_graph_when_the_bundle_has_it(tiny, tmp_p
 
 
 def test_auto_precision_is_the_cpus_fastest_quantized_graph(tiny, tmp_path):
-    """`--precision auto`: int8 where the CPU's integer GEMM is fast (VNNI, or not x86), else int4;
-    among the bundle's fused graphs only (an int4-only import gets int4 everywhere; an fp32-only
-    one fp32); generate decodes with the chosen graph and reports it."""
+    """`--precision auto`: int4 where the native pass runs; on ONNX Runtime int8 where the CPU's
+    integer GEMM is fast (VNNI, or not x86), else int4; among the bundle's fused graphs only (an
+    int4-only import gets int4 everywhere; an fp32-only one fp32); generate decodes with the chosen
+    graph and reports it."""
     from sol_control.decoding.session import fast_precision
 
     path, only_int4, _ = tiny
@@ -181,9 +182,10 @@ def test_auto_precision_is_the_cpus_fastest_quantized_graph(tiny, tmp_path):
     assert main(["import", str(path), "--out", str(fp32_only)]) == 0
     avx2, vnni, arm = frozenset({"avx2", "fma"}), frozenset({"avx2", "avx512_vnni"}), frozenset({"asimd"})
     b, b4, b32 = Bundle.load(both), Bundle.load(only_int4), Bundle.load(fp32_only)
-    assert [fast_precision(b, "target", f) for f in (avx2, vnni, arm)] == ["int4", "int8", "int8"]
-    assert [fast_precision(b4, "target", f) for f in (avx2, vnni)] == ["int4", "int4"]
-    assert fast_precision(b32, "target", vnni) == "fp32"
+    assert [fast_precision(b, "target", f, native=False) for f in (avx2, vnni, arm)] == ["int4", "int8", "int8"]
+    assert [fast_precision(b, "target", f, native=True) for f in (avx2, vnni, arm)] == ["int4", "int4", "int4"]
+    assert [fast_precision(b4, "target", f, native=False) for f in (avx2, vnni)] == ["int4", "int4"]
+    assert fast_precision(b32, "target", vnni, native=True) == "fp32"
     prompt = ("--prompt-ids", ",".join(map(str, PROMPTS[2])), "--max-new-tokens", "8", "--no-draft")
     got = generate(both, tmp_path, *prompt, "--precision", "auto")
     assert got["precision"] == fast_precision(b)

@@ -280,3 +280,8 @@ def test_keys_written_by_the_prefill_graph_are_taken_over(lm):
     keys = nat._kv[0].reshape(kv, C, D)[:, :L]
     keys_t = nat._keys_t[: kv * D * -(-C // 16) * 16].reshape(kv, D, -1)[:, :, :L]
     assert np.array_equal(keys_t, keys.transpose(0, 2, 1)) and np.any(keys != 0)
+
+
+def test_the_prefill_graph_gets_the_sessions_threads(lm):
+    nat = open_decoder(lm, "target", "int4", threads=2, prefill_precision="int8", backend="native")
+    assert nat._prefill.session.get_session_options().intra_op_num_threads == 2

@@ -319,15 +319,22 @@ def reference_precision(spec) -> str:
     return "fp32" if "fp32" in spec.precisions else spec.precisions[0]
 
 
-def fast_precision(bundle, role: str = "target", flags: frozenset[str] | None = None) -> str:
+def fast_precision(bundle, role: str = "target", flags: frozenset[str] | None = None,
+                   native: bool | None = None) -> str:
     """The precision that decodes fastest on this CPU (`flags`, default this one's), among the
-    bundle's fused graphs: int8 where the integer GEMM is fast (`int8_prefill_pays`: its wide
-    verify passes cost little more than one row), else int4; fp32 (or the only precision) when it
-    has neither. Measured on SmolLM2 with heads + lookup at 1 thread (docs/LM.md): AVX-512 VNNI host
-    int8 91.8 vs int4 81.2 tok/s; AVX2 host int4 85.0 vs int8 66.1. A rule, not a timing, for the
-    same answers on every run."""
+    bundle's fused graphs: int4 where the native pass runs (`native`, default: its library loads
+    and the backend is not "onnxruntime"; SmolLM2 int4 plain 207 tok/s there against int8's 77 on
+    ONNX Runtime, 1 thread, docs/LM.md), else int8 where the integer GEMM is fast
+    (`int8_prefill_pays`: its wide verify passes cost little more than one row), else int4; fp32
+    (or the only precision) when it has neither. Measured on ONNX Runtime with heads + lookup at 1
+    thread: AVX-512 VNNI host int8 91.8 vs int4 81.2 tok/s; AVX2 host int4 85.0 vs int8 66.1. A
+    rule, not a timing, for the same answers on every run."""
+    from .native import backend_choice, library
+
     spec = bundle.manifest.target if role == "target" else bundle.manifest.draft
-    order = ("int8", "int4") if int8_prefill_pays(cpu_flags() if flags is None else flags) else ("int4", "int8")
+    native = (library() is not None and backend_choice() != "onnxruntime") if native is None else native
+    int8_first = not native and int8_prefill_pays(cpu_flags() if flags is None else flags)
+    order = ("int8", "int4") if int8_first else ("int4", "int8")
     fused = [p for p in order if bundle.decoder_layout(role, p) == "fused"]
     return fused[0] if fused else reference_precision(spec)
 
@@ -342,9 +349,10 @@ def open_decoder(bundle, role: str, precision: str, threads: int = 1, name: str 
     length, but the model never saw sequences past the manifest's `max_context`). `prefill_precision`:
     prefill chunks run through that precision's fused graph on the same cache (FusedDecoderSession's
     prefill graph), e.g. "int8" for an int4 target; both must be fused graphs. `backend` (default
-    SOL_CONTROL_BACKEND, else "auto"): "auto" runs a fused int8 graph the native pass computes in C
-    (`decoding.native`) and everything else on ONNX Runtime; "native" insists (NativeUnsupported
-    otherwise); "onnxruntime" never uses the native pass."""
+    SOL_CONTROL_BACKEND, else "auto"): "auto" runs a fused graph the native pass computes in C
+    (`decoding.native`: static-int8 policies, an imported LM's int4) and everything else on ONNX
+    Runtime; "native" insists (NativeUnsupported otherwise); "onnxruntime" never uses the native
+    pass."""
     from .fused import FusedDecoderSession
     from .native import backend_choice
 
@@ -360,7 +368,7 @@ def open_decoder(bundle, role: str, precision: str, threads: int = 1, name: str 
         prefill = bundle.decoder_path(role, prefill_precision, "fused")
     choice = backend_choice(backend)
     if layout == "fused":
-        sess = _native_session(path, context, name, prefill, choice) if choice != "onnxruntime" else None
+        sess = _native_session(path, context, threads, name, prefill, choice) if choice != "onnxruntime" else None
         sess = sess or FusedDecoderSession(path, context, threads=threads, name=name, prefill_path=prefill,
                                            min_step_tokens=1 if role == "draft" else None)  # None: probe
     elif choice == "native":
@@ -379,14 +387,15 @@ def open_decoder(bundle, role: str, precision: str, threads: int = 1, name: str 
     return sess
 
 
-def _native_session(path, context: int, name: str, prefill, choice: str):
+def _native_session(path, context: int, threads: int, name: str, prefill, choice: str):
     """A NativeDecoderSession when the graph and the build allow one and it computes what ONNX
     Runtime computes on this graph (`agrees_with_onnxruntime`), else None ("auto") or
-    NativeUnsupported ("native")."""
+    NativeUnsupported ("native"). `threads`: its ONNX Runtime sessions' (the prefill graph's); the
+    C pass runs on the calling thread."""
     from .native import MAX_RELATIVE_DIFF, NativeDecoderSession, NativeUnsupported
 
     try:
-        sess = NativeDecoderSession(path, context, name=name, prefill_path=prefill)
+        sess = NativeDecoderSession(path, context, threads=threads, name=name, prefill_path=prefill)
         diff = sess.agrees_with_onnxruntime()
         if not diff <= MAX_RELATIVE_DIFF:
             raise NativeUnsupported(f"{path}: the native pass parts from ONNX Runtime's (logits {diff:.3g} apart, "
