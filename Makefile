@@ -40,11 +40,11 @@ $(TRAIN_STAMP): $(STAMP) requirements-train.txt
 
 venv-train: $(TRAIN_STAMP)
 
-# The native pass (sol_control/decoding/native.py): the int8 graphs' whole pass in C, loaded with
+# The native pass (sol_control/decoding/native.py): a fused graph's whole pass in C, loaded with
 # ctypes; flags in sol_control/native/build.py (setup.py builds it too, for colcon and pip installs).
 # Without a compiler nothing is built and ONNX Runtime runs every graph.
 NATIVE := sol_control/native/libsolfused.so
-$(NATIVE): sol_control/native/fused_int8.c sol_control/native/build.py
+$(NATIVE): sol_control/native/fused_pass.c sol_control/native/build.py
 	@$(PYTHON) sol_control/native/build.py $@
 
 native: $(NATIVE)
@@ -120,7 +120,7 @@ lm-heads-symmetric: lm-model $(TRAIN_STAMP)
 # The LM benchmark (docs/LM.md, "make bench-lm"): SmolLM2-135M-Instruct from `make lm-model`, imported once
 # into .work/lm/bench_bundle (git-ignored); standard / int8 / int4 / + draft rows at 1 and 2 threads, 20 prompts
 # and a 20-round agent loop, the peers when their venvs exist (make bench-peers) -> bench_report/lm/.
-bench-lm: lm-model
+bench-lm: lm-model $(NATIVE)
 	$(VENV)/bin/sol-control bench lm $(BENCH_LM_ARGS)
 
 clean:

@@ -77,7 +77,7 @@ class DecodingConfig(Strict):
     threads: int = Field(1, json_schema_extra=STRUCT, ge=1, le=8, description="ONNX Runtime intra-op threads per session")
     backend: Literal["auto", "native", "onnxruntime"] = Field(
         "auto", json_schema_extra=STRUCT,
-        description="what runs the fused graphs: auto = our C pass for int8 graphs it computes (one thread, "
+        description="what runs the fused graphs: auto = our C pass for the graphs it computes (one thread, "
                     "`make native`), ONNX Runtime for the rest; native = the C pass or a configure error; "
                     "onnxruntime = ONNX Runtime only")
     standard_only: bool = Field(False, description="skip the fast path: every decision from the fp32 planner "

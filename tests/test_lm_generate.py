@@ -250,6 +250,13 @@ def test_json_report(tiny, tmp_path, capsys):
     assert got["ttft_ms"] > 0 and got["mean_accepted"] == 1.0
     assert len(got["tokens"]) == 1 or got["decode_tokens_per_s"] > 0
     assert "TTFT" in capsys.readouterr().err
+    assert got["backend"] == "onnxruntime"  # fp32: the native pass computes quantized graphs only
+    int4 = generate(bundle, tmp_path, "--prompt", "the part on the belt", "--max-new-tokens", "5", "--precision",
+                    "int4", "--backend", "onnxruntime")
+    assert int4["backend"] == "onnxruntime" and int4["precision"] == "int4"
+    native = generate(bundle, tmp_path, "--prompt", "the part on the belt", "--max-new-tokens", "5", "--precision",
+                      "int4", "--backend", "native")
+    assert native["backend"] == "native" and len(native["tokens"]) == len(int4["tokens"])
 
 
 def test_prompt_lookup_alone_gives_plain_greedy_tokens(tiny, tmp_path):

@@ -1,4 +1,4 @@
-"""The native backend: a fused graph's whole pass in one C call (`sol_control/native/fused_int8.c`).
+"""The native backend: a fused graph's whole pass in one C call (`sol_control/native/fused_pass.c`).
 
 On our 2.9M-parameter policies an ONNX Runtime pass is mostly fixed cost: ~0.18 ms a call for the
 72 nodes of the grasp int8 graph, ~14 µs a row; on SmolLM2-135M its int4 kernels run at ~11 GB/s
@@ -44,7 +44,7 @@ from .fused import FusedDecoderSession
 
 LIBRARY = Path(__file__).resolve().parent.parent / "native" / LIBRARY_NAME
 BACKENDS = ("auto", "native", "onnxruntime")
-MAX_LAYERS, MAX_HEADS = 64, 16  # as in fused_int8.c
+MAX_LAYERS, MAX_HEADS = 64, 16  # as in fused_pass.c
 # max |native - ORT| / max |ORT| over the probes' logits above this: the graph is not what we compute.
 # Measured: 0 on the shipped grasp and QC graphs; SmolLM2-135M int4 ~0.03 (random-id probes, where
 # 30 layers of int8 activation rounding add up); a misread weight gives ~1.
@@ -55,7 +55,7 @@ class NativeUnsupported(ValueError):
     """This graph (or machine) is not one the native pass computes; ONNX Runtime runs it."""
 
 
-LIN_STATIC, LIN_ROWS, LIN_DUAL, LIN_Q4 = range(4)  # a linear's kind, as in fused_int8.c
+LIN_STATIC, LIN_ROWS, LIN_DUAL, LIN_Q4 = range(4)  # a linear's kind, as in fused_pass.c
 Q4_RECORD = 384  # bytes of one int4 record: 16 outputs x 32 inputs of nibbles, 16 scales, 16 mins
 
 

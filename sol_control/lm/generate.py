@@ -38,6 +38,7 @@ class Generation:
     mode: str  # "plain", "draft", "heads" or "lookup"
     precision: str = "fp32"
     prefill_precision: str = "fp32"  # the graph that prefilled the prompt
+    backend: str = "onnxruntime"  # what ran the target's decoding calls: "native" or "onnxruntime"
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -99,12 +100,13 @@ AUTO = "auto"  # --precision: the fastest quantized graph for this CPU (decoding
 def generate(bundle: Bundle, prefix: list[int], max_new_tokens: int, precision: str | None = None,
              use_draft: bool = True, threads: int = 1,
              on_token: Callable[[int], None] = lambda t: None, lookup: int = 0,
-             prefill_precision: str | None = None) -> Generation:
+             prefill_precision: str | None = None, backend: str | None = None) -> Generation:
     """Greedy tokens after `prefix` from a verified bundle; speculative when it has a draft (or
     draft heads, or `lookup` > 0) and `use_draft`. `precision` "auto": `fast_precision`'s choice for
     this CPU. The prompt is prefilled through `prefill_precision`'s graph (default: `default_prefill`'s,
-    int8 for an int4 target where that prefills faster on this CPU)."""
+    int8 for an int4 target where that prefills faster on this CPU). `backend`: open_decoder's."""
     from sol_control.decoding import open_decoder
+    from sol_control.decoding.native import NativeDecoderSession
     from sol_control.decoding.session import default_prefill, fast_precision, reference_precision
 
     m = bundle.manifest
@@ -121,7 +123,7 @@ def generate(bundle: Bundle, prefix: list[int], max_new_tokens: int, precision: 
     if len(ids) + max_new_tokens > m.max_context:
         raise ValueError(f"prompt {len(ids)} + {max_new_tokens} new tokens exceed max_context={m.max_context}")
     prefill = prefill_precision or default_prefill(bundle, "target", precision)
-    target = open_decoder(bundle, "target", precision, threads=threads, prefill_precision=prefill)
+    target = open_decoder(bundle, "target", precision, threads=threads, prefill_precision=prefill, backend=backend)
     stops = m.vocab.stop_ids
     if use_draft and m.draft is not None:
         draft_precision = precision if precision in m.draft.precisions else m.draft.precisions[0]
@@ -133,6 +135,7 @@ def generate(bundle: Bundle, prefix: list[int], max_new_tokens: int, precision: 
         gen = plain_greedy(target, ids, max_new_tokens, stops, on_token)
     gen.precision = precision
     gen.prefill_precision = prefill or precision
+    gen.backend = "native" if isinstance(target, NativeDecoderSession) else "onnxruntime"
     return gen
 
 
@@ -177,11 +180,14 @@ def add_arguments(p) -> None:
     p.add_argument("--no-draft", action="store_true", help="plain greedy even when the bundle has a draft")
     p.add_argument("--precision", choices=("fp32", "int8", "int4", AUTO), default=None,
                    help="the target's precision (default fp32); auto: the bundle's fastest quantized graph "
-                        "on this CPU (int8 with VNNI, else int4)")
+                        "on this CPU (int4 where the native pass runs, else int8 with VNNI, else int4)")
     p.add_argument("--prefill-precision", choices=("fp32", "int8", "int4"), default=None,
                    help="the graph that prefills the prompt (default: int8 for an int4 target when the bundle "
                         "has it, except on x86 CPUs without VNNI, else the target's own)")
     p.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads")
+    p.add_argument("--backend", choices=("auto", "native", "onnxruntime"), default=None,
+                   help="what runs the target (default SOL_CONTROL_BACKEND, else auto: the native C pass for "
+                        "the graphs it computes, ONNX Runtime for the rest)")
     p.add_argument("--lookup", type=int, default=0,
                    help="up to N prompt-lookup guesses where the text repeats (0 = off): beside the draft "
                         "heads, or alone on a bundle with neither heads nor a draft model")
@@ -196,20 +202,21 @@ def run(args) -> int:
     if not 0 <= args.lookup <= 32:
         raise ValueError(f"--lookup must be in 0..32, got {args.lookup}")
     gen = generate(bundle, ids, args.max_new_tokens, args.precision, not args.no_draft, args.threads, stream,
-                   args.lookup, args.prefill_precision)
+                   args.lookup, args.prefill_precision, args.backend)
     if gen.mode != "plain":  # the speculative engine returns the whole answer
         for token in gen.tokens:
             stream(token)
     if tok is None:
         print(",".join(str(t) for t in gen.tokens))
     tps = gen.decode_tokens_per_s
-    print(f"\n[{gen.mode}, {gen.precision}, prefill {gen.prefill_precision}] prompt {len(ids)} tokens, {len(gen.tokens)} new"
+    print(f"\n[{gen.mode}, {gen.precision} on {gen.backend}, prefill {gen.prefill_precision}] prompt {len(ids)} tokens, {len(gen.tokens)} new"
           f"{' (stop id)' if gen.stopped else ''}; TTFT {gen.ttft_ms:.1f} ms, decode {tps:.1f} tokens/s, "
           f"mean accepted {gen.mean_accepted:.2f} per step", file=sys.stderr)
     if args.json:
         report = {"tokens": gen.tokens, "ttft_ms": round(gen.ttft_ms, 3),
                   "decode_tokens_per_s": None if math.isnan(tps) else round(tps, 3),
                   "mean_accepted": round(gen.mean_accepted, 4), "stopped": gen.stopped, "mode": gen.mode,
-                  "precision": gen.precision, "prefill_precision": gen.prefill_precision, "prompt_tokens": len(ids)}
+                  "precision": gen.precision, "prefill_precision": gen.prefill_precision, "backend": gen.backend,
+                  "prompt_tokens": len(ids)}
         Path(args.json).write_text(json.dumps(report) + "\n")
     return 0

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SOURCE = Path(__file__).resolve().with_name("fused_int8.c")
+SOURCE = Path(__file__).resolve().with_name("fused_pass.c")
 LIBRARY_NAME = "libsolfused.so"
 VNNI_FLAGS = ["-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"]
 VNNI_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
