@@ -44,6 +44,7 @@ from .fused import FusedDecoderSession
 
 LIBRARY = Path(__file__).resolve().parent.parent / "native" / LIBRARY_NAME
 BACKENDS = ("auto", "native", "onnxruntime")
+NATIVE_PRECISIONS = ("int8", "int4")  # the graphs "auto" offers the native pass (an fp32 file is not even read)
 MAX_LAYERS, MAX_HEADS = 64, 16  # as in fused_pass.c
 # max |native - ORT| / max |ORT| over the probes' logits above this: the graph is not what we compute.
 # Measured: 0 on the shipped grasp and QC graphs; SmolLM2-135M int4 ~0.03 (random-id probes, where

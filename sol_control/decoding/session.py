@@ -354,7 +354,7 @@ def open_decoder(bundle, role: str, precision: str, threads: int = 1, name: str 
     Runtime; "native" insists (NativeUnsupported otherwise); "onnxruntime" never uses the native
     pass."""
     from .fused import FusedDecoderSession
-    from .native import backend_choice
+    from .native import NATIVE_PRECISIONS, backend_choice
 
     layout = bundle.decoder_layout(role, precision)
     path = bundle.decoder_path(role, precision, layout)
@@ -368,7 +368,8 @@ def open_decoder(bundle, role: str, precision: str, threads: int = 1, name: str 
         prefill = bundle.decoder_path(role, prefill_precision, "fused")
     choice = backend_choice(backend)
     if layout == "fused":
-        sess = _native_session(path, context, threads, name, prefill, choice) if choice != "onnxruntime" else None
+        native = choice == "native" or (choice == "auto" and precision in NATIVE_PRECISIONS)
+        sess = _native_session(path, context, threads, name, prefill, choice) if native else None
         sess = sess or FusedDecoderSession(path, context, threads=threads, name=name, prefill_path=prefill,
                                            min_step_tokens=1 if role == "draft" else None)  # None: probe
     elif choice == "native":
