@@ -196,11 +196,12 @@ class Coprocessor:
     def background_thread_ids(self) -> set[int]:
         return {p.auditor.native_id for p in self.pipelines.values() if p.auditor and p.auditor.native_id}
 
-    def stats(self) -> dict[str, dict[str, float]]:
+    def stats(self) -> dict[str, dict[str, float | str]]:
         out = {}
         for task, p in self.pipelines.items():
             a = p.auditor
             out[task] = {
+                "fast_backend": p.fast.backend,  # "native" or "onnxruntime" (decoding.backend)
                 "full_precision_estimate_ms": p.guard.full_latency.estimate_ms(),
                 "fast_p50_ms": p.guard.fast_latency.estimate_ms(q=50.0),
                 "audited": a.audited if a else 0,

@@ -92,6 +92,13 @@ class FastPlanner:
             self.draft = _session(bundle, "draft", _draft_precision(bundle, dec.draft_precision), dec, "")
         self.controller = AdaptiveK()  # k adapts across decisions, not only within one
 
+    @property
+    def backend(self) -> str:
+        """What runs the target's calls: "native" (the C pass) or "onnxruntime"."""
+        from sol_control.decoding.native import NativeDecoderSession
+
+        return "native" if isinstance(self.target, NativeDecoderSession) else "onnxruntime"
+
     def plan(self, prefix: np.ndarray, budget: Budget, faults: FaultInjection | None = None) -> PlanResult:
         from sol_control.decoding import greedy, speculate, speculate_heads
 

@@ -200,6 +200,7 @@ def test_the_node_config_picks_the_backend():
     fast = FastPlanner(grasp, 15, DecodingConfig(backend="auto"))
     slow = FastPlanner(grasp, 15, DecodingConfig(backend="onnxruntime"))
     assert isinstance(fast.target, NativeDecoderSession) and not isinstance(slow.target, NativeDecoderSession)
+    assert (fast.backend, slow.backend) == ("native", "onnxruntime")  # the node's diagnostics: fast_backend
 
 
 def test_the_plain_c_build_decides_as_the_vnni_build(tmp_path, monkeypatch):

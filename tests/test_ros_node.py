@@ -276,6 +276,8 @@ def test_diagnostics_report_latency_rejections_and_deadline_misses(h):
     by_name = {s.name: kv(s) for s in last.status}
     qc = by_name["sol_control: qc"]
     assert float(qc["latency_p50_ms"]) > 0 and int(qc["decisions"]) > 0 and 0 <= float(qc["deadline_hit_rate"]) <= 1
+    from sol_control.decoding.native import library  # the fast path's backend: the C pass where it is built
+    assert qc["fast_backend"] == ("native" if library() is not None else "onnxruntime")
     node = by_name["sol_control: node"]
     assert node["state"] == "active" and int(node["rejected.stale"]) > stale
     assert int(node["rejected_inputs"]) >= int(node["rejected.stale"])
