@@ -286,3 +286,14 @@ def test_keys_written_by_the_prefill_graph_are_taken_over(lm):
 def test_the_prefill_graph_gets_the_sessions_threads(lm):
     nat = open_decoder(lm, "target", "int4", threads=2, prefill_precision="int8", backend="native")
     assert nat._prefill.session.get_session_options().intra_op_num_threads == 2
+
+
+def test_threads_split_the_wide_linears_and_change_no_number():
+    """Two threads (OpenMP) compute each output as one does: the same logits bit for bit, on the
+    grasp graph whose lm_head and gate/up projections are wide enough to be split."""
+    path = MODELS / "grasp" / "target_fused_int8.onnx"
+    one, two = NativeDecoderSession(path), NativeDecoderSession(path, threads=2)
+    assert (one.native.struct.threads, two.native.struct.threads) == (1, 2)
+    ids = np.random.default_rng(9).integers(0, one.vocab, 24)
+    assert np.array_equal(one.forward(ids), two.forward(ids))
+    assert np.array_equal(one.forward(ids[:5]), two.forward(ids[:5]))

@@ -72,7 +72,8 @@ class _Layer(ctypes.Structure):
 
 class _Model(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int32) for name in ("n_layers", "hidden", "n_heads", "kv_heads", "head_dim", "inter",
-                                                     "vocab", "capacity", "n_draft", "head_offset", "chained")] + [
+                                                     "vocab", "capacity", "n_draft", "head_offset", "chained",
+                                                     "threads")] + [
         ("eps", ctypes.c_float), ("attn_scale", ctypes.c_float), ("embed", ctypes.c_void_p),
         ("embed_q8", ctypes.c_void_p), ("embed_scales", ctypes.c_void_p), ("cos", ctypes.c_void_p),
         ("sin", ctypes.c_void_p), ("final_norm", ctypes.c_void_p), ("layers", _Layer * MAX_LAYERS),
@@ -352,6 +353,7 @@ class NativeDecoderSession(FusedDecoderSession):
         kwargs["min_step_tokens"] = kwargs.get("min_step_tokens") or 1  # rows never depend on each other
         super().__init__(path, *args, **kwargs)
         m = self.native.struct
+        m.threads = kwargs.get("threads", args[1] if len(args) > 1 else 1)  # the large linears' (OpenMP)
         if m.capacity != self._capacity or m.vocab != self.vocab:
             raise NativeUnsupported(f"{path}: graph tables ({m.capacity} rows, vocab {m.vocab}) do not match its "
                                     f"I/O ({self._capacity}, {self.vocab})")

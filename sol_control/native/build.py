@@ -46,7 +46,7 @@ def build(out: str | Path | None = None, vnni: bool | None = None) -> Path | Non
     out.parent.mkdir(parents=True, exist_ok=True)
     # -Wno-psabi: in the plain build GCC notes that 64-byte vectors passed between the inline helpers
     # would change an ABI; none crosses the library's interface
-    cmd = [cc, "-O3", *(VNNI_FLAGS if vnni else []), "-fPIC", "-shared", "-Wall", "-Werror", "-Wno-psabi", "-o", str(out),
+    cmd = [cc, "-O3", *(VNNI_FLAGS if vnni else []), "-fopenmp", "-fPIC", "-shared", "-Wall", "-Werror", "-Wno-psabi", "-o", str(out),
            str(SOURCE), "-lm"]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:

@@ -36,6 +36,7 @@
 #define ZERO_POINT 64
 #define Q4_BLOCK 32
 #define Q4_RECORD 384  /* bytes of one int4 record: 4 x 64 of nibbles, 16 scales, 16 mins */
+#define PARALLEL_MIN (1L << 18)  /* weights of a linear worth splitting over threads (SmolLM2's are ~0.3-1.8 M) */
 
 enum { LIN_STATIC = 0, LIN_ROWS = 1, LIN_DUAL = 2, LIN_Q4 = 3 };
 
@@ -54,6 +55,7 @@ typedef struct {
 
 typedef struct {
     int32_t n_layers, hidden, n_heads, kv_heads, head_dim, inter, vocab, capacity, n_draft, head_offset, chained;
+    int32_t threads;            /* the large linears' output columns split over this many threads (OpenMP) */
     float eps, attn_scale;
     const float *embed;         /* [vocab][hidden] fp32, or NULL and: */
     const uint8_t *embed_q8;    /* [vocab][hidden] 8-bit, zero point 128 */
@@ -152,7 +154,15 @@ static float top_prob(const float *x, int n, float m, float *tmp) {
 
 /* ---- int8 linears ------------------------------------------------------------------------- */
 
-typedef struct { uint8_t *q; float *tmp, *amax, *xs, *bs; int32_t *xc; } Work;  /* a linear's scratch */
+typedef struct { uint8_t *q; float *tmp, *amax, *xs, *bs; int32_t *xc; int threads; } Work;  /* a linear's scratch */
+
+/* a part of n items for thread t of `parts`, in multiples of `step` */
+static void split(int n, int step, int t, int parts, int *lo, int *hi) {
+    int units = (n + step - 1) / step;
+    *lo = units * t / parts * step;
+    *hi = units * (t + 1) / parts * step;
+    *hi = *hi < n ? *hi : n;
+}
 
 static uint8_t to_u8(float v) { return (uint8_t)(v < 0 ? 0 : (v > 255 ? 255 : v)); }
 
@@ -230,15 +240,15 @@ static void sweep_rows(const uint8_t *x, int R, int NB, int k, const int8_t *w, 
 }
 #endif
 
-/* y [R][n] = u8 rows q [R][k] through the int8 weights: (sum - zero point sums) * scale */
-static void gemm_s8(const Linear *L, const uint8_t *q, int R, float *y) {
-    int k = L->k, n = L->n, blocks = (n + 15) / 16;  /* the last block's weights are zero-padded */
+/* the column blocks [b0, b1) of y [R][n] = u8 rows q [R][k] through the int8 weights */
+static void gemm_s8_blocks(const Linear *L, const uint8_t *q, int R, int b0, int b1, float *y) {
+    int k = L->k, n = L->n;
     size_t stride = (size_t)k * 16;
     int32_t acc[ROW_BLOCK * MAX_NB * 16];
     for (int r0 = 0; r0 < R; r0 += ROW_BLOCK) {
         int rb = R - r0 < ROW_BLOCK ? R - r0 : ROW_BLOCK, wide = rb <= 6 ? 4 : 2;
-        for (int nb = 0; nb < blocks;) {
-            int NB = blocks - nb >= wide ? wide : 1;
+        for (int nb = b0; nb < b1;) {
+            int NB = b1 - nb >= wide ? wide : 1;
             sweep_rows(q + r0 * k, rb, NB, k, L->w + nb * stride, stride, acc);
             int c0 = nb * 16, width = n - c0 < NB * 16 ? n - c0 : NB * 16;
             for (int r = 0; r < rb; r++) {
@@ -251,17 +261,33 @@ static void gemm_s8(const Linear *L, const uint8_t *q, int R, float *y) {
     }
 }
 
+/* y [R][n] = u8 rows q [R][k] through the int8 weights: (sum - zero point sums) * scale; wide
+ * linears' column blocks split over the threads (each output computed by one, the same way) */
+static void gemm_s8(const Linear *L, const uint8_t *q, int R, float *y, int threads) {
+    int blocks = (L->n + 15) / 16, parts = (long)blocks * L->k >= PARALLEL_MIN ? threads : 1;
+    if (parts == 1) {  /* no OpenMP call at all: it costs ~0.3 us a linear even with one thread */
+        gemm_s8_blocks(L, q, R, 0, blocks, y);
+        return;
+    }
+#pragma omp parallel for num_threads(parts) schedule(static)
+    for (int t = 0; t < parts; t++) {
+        int b0, b1;
+        split(blocks, MAX_NB, t, parts, &b0, &b1);
+        gemm_s8_blocks(L, q, R, b0, b1, y);
+    }
+}
+
 /* y [R][n] = rows x [R][k] (float) through an int8 linear of any activation kind */
 static void int8_linear(const Linear *L, const float *x, int R, float *y, const Work *w) {
     int k = L->k, n = L->n, dual = L->kind == LIN_DUAL;
     if (L->kind == LIN_STATIC) {
         for (int r = 0; r < R; r++) quantize(x + (size_t)r * k, w->q + (size_t)r * k, k, L->step);
-        gemm_s8(L, w->q, R, y);
+        gemm_s8(L, w->q, R, y, w->threads);
         return;
     }
     for (int r = 0; r < R; r++)  /* dual: the R rows, then their R finer rows, one GEMM */
         w->amax[r] = quantize_row(x + (size_t)r * k, w->q + (size_t)r * k, dual ? w->q + (size_t)(R + r) * k : NULL, k);
-    gemm_s8(L, w->q, dual ? 2 * R : R, dual ? w->tmp : y);
+    gemm_s8(L, w->q, dual ? 2 * R : R, dual ? w->tmp : y, w->threads);
     for (int r = 0; r < R; r++) {
         float *out = y + (size_t)r * n;
         const float *hi = w->tmp + (size_t)r * n, *lo = w->tmp + (size_t)(R + r) * n;
@@ -296,11 +322,12 @@ static void quantize_blocks(const float *x, int8_t *q, int k, float *xs, float *
 /* y [R][n] for R <= 8 rows: each record's nibbles against the rows' int8 blocks (the low nibbles as
  * they are, the high ones in place: 16 q, the sum shifted back), then scale and mins in float */
 static inline __attribute__((always_inline)) void q4_sweep(const Linear *L, const int8_t *q, const float *xs,
-                                                          const float *bs, const int32_t *xc, const int R, float *y) {
+                                                          const float *bs, const int32_t *xc, const int R, int g0,
+                                                          int g1, float *y) {
     int k = L->k, n = L->n, nb = k / Q4_BLOCK;
     const __m512i low = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8((char)0xF0);
-    const uint8_t *p = (const uint8_t *)L->w;
-    for (int g = 0; g < n / 16; g++) {
+    const uint8_t *p = (const uint8_t *)L->w + (size_t)g0 * nb * Q4_RECORD;
+    for (int g = g0; g < g1; g++) {
         __m512 acc[ROW_BLOCK];
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
@@ -334,17 +361,18 @@ static inline __attribute__((always_inline)) void q4_sweep(const Linear *L, cons
         for (int r = 0; r < R; r++) _mm512_storeu_ps(y + (size_t)r * n + g * 16, acc[r]);
     }
 }
-#define Q4_CASE(r) case r: q4_sweep(L, q, xs, bs, xc, r, y); break;
+#define Q4_CASE(r) case r: q4_sweep(L, q, xs, bs, xc, r, g0, g1, y); break;
+/* the 16-output groups [g0, g1) of y [R][n] for R <= 8 rows */
 static void q4_rows(const Linear *L, const int8_t *q, const float *xs, const float *bs, const int32_t *xc, int R,
-                    float *y) {
+                    int g0, int g1, float *y) {
     switch (R) { Q4_CASE(1) Q4_CASE(2) Q4_CASE(3) Q4_CASE(4) Q4_CASE(5) Q4_CASE(6) Q4_CASE(7) Q4_CASE(8) }
 }
 #else
 static void q4_rows(const Linear *L, const int8_t *q, const float *xs, const float *bs, const int32_t *xc, int R,
-                    float *y) {
+                    int g0, int g1, float *y) {
     int k = L->k, n = L->n, nb = k / Q4_BLOCK;
     for (int r = 0; r < R; r++)
-        for (int g = 0; g < n / 16; g++) {
+        for (int g = g0; g < g1; g++) {
             float acc[16] = {0};
             for (int b = 0; b < nb; b++) {
                 const uint8_t *p = (const uint8_t *)L->w + ((size_t)g * nb + b) * Q4_RECORD;
@@ -366,14 +394,30 @@ static void q4_rows(const Linear *L, const int8_t *q, const float *xs, const flo
 }
 #endif
 
+/* the output groups [g0, g1) of all R rows, 8 rows a sweep */
+static void q4_part(const Linear *L, const int8_t *q, const Work *w, int R, int g0, int g1, float *y) {
+    int k = L->k, nb = k / Q4_BLOCK;
+    for (int r0 = 0; r0 < R; r0 += ROW_BLOCK)
+        q4_rows(L, q + (size_t)r0 * k, w->xs + r0 * nb, w->bs + r0 * nb, w->xc + r0 * nb,
+                R - r0 < ROW_BLOCK ? R - r0 : ROW_BLOCK, g0, g1, y + (size_t)r0 * L->n);
+}
+
 static void q4_linear(const Linear *L, const float *x, int R, float *y, const Work *w) {
     int k = L->k, nb = k / Q4_BLOCK;
     int8_t *q = (int8_t *)w->q;
     for (int r = 0; r < R; r++)
         quantize_blocks(x + (size_t)r * k, q + (size_t)r * k, k, w->xs + r * nb, w->bs + r * nb, w->xc + r * nb);
-    for (int r0 = 0; r0 < R; r0 += ROW_BLOCK)
-        q4_rows(L, q + (size_t)r0 * k, w->xs + r0 * nb, w->bs + r0 * nb, w->xc + r0 * nb,
-                R - r0 < ROW_BLOCK ? R - r0 : ROW_BLOCK, y + (size_t)r0 * L->n);
+    int groups = L->n / 16, parts = (long)L->n * k >= PARALLEL_MIN ? w->threads : 1;
+    if (parts == 1) {
+        q4_part(L, q, w, R, 0, groups, y);
+        return;
+    }
+#pragma omp parallel for num_threads(parts) schedule(static)
+    for (int t = 0; t < parts; t++) {  /* output groups split over the threads, each computed the same way */
+        int g0, g1;
+        split(groups, 1, t, parts, &g0, &g1);
+        q4_part(L, q, w, R, g0, g1, y);
+    }
 }
 
 static void linear(const Linear *L, const float *x, int R, float *y, const Work *w) {
@@ -480,7 +524,7 @@ static Scratch carve(const Model *m, int T, float *s) {
     parts(m, T > m->n_draft ? T : m->n_draft, size);
     for (int i = 0; i < 13; i++) at[i] = s, s += size[i];
     Scratch c = {at[0], at[1], at[4], at[2], at[3], at[5], at[7],
-                 {(uint8_t *)at[12], at[6], at[8], at[9], at[10], (int32_t *)at[11]}};
+                 {(uint8_t *)at[12], at[6], at[8], at[9], at[10], (int32_t *)at[11], m->threads > 1 ? m->threads : 1}};
     return c;
 }
 
