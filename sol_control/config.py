@@ -74,12 +74,14 @@ class DecodingConfig(Strict):
     prefill_guesses: bool = Field(True, json_schema_extra=STRUCT,
                                   description="the prefill also checks the bundle's guesses of the answer's "
                                               "first tokens (target.guesses): fewer calls, the same output")
-    threads: int = Field(1, json_schema_extra=STRUCT, ge=1, le=8, description="ONNX Runtime intra-op threads per session")
+    threads: int = Field(1, json_schema_extra=STRUCT, ge=1, le=8,
+                         description="threads per session: ONNX Runtime's intra-op threads, and the native pass's "
+                                     "for its wide linears")
     backend: Literal["auto", "native", "onnxruntime"] = Field(
         "auto", json_schema_extra=STRUCT,
-        description="what runs the fused graphs: auto = our C pass for the graphs it computes (one thread, "
-                    "`make native`), ONNX Runtime for the rest; native = the C pass or a configure error; "
-                    "onnxruntime = ONNX Runtime only")
+        description="what runs the fused graphs: auto = our C pass for the graphs it computes (`make native`), "
+                    "ONNX Runtime for the rest; native = the C pass or a configure error; onnxruntime = ONNX "
+                    "Runtime only")
     standard_only: bool = Field(False, description="skip the fast path: every decision from the fp32 planner "
                                                    "(the 'standard' baseline for comparisons)")
     warmup_runs: int = Field(8, json_schema_extra=STRUCT, ge=1, le=1000,

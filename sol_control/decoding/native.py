@@ -24,6 +24,11 @@ summation order; on the shipped graphs they did on the AVX-512 host, docs/BENCHM
 `agrees_with_onnxruntime` compares them when a session opens, and `open_decoder` keeps ORT when
 they part (`MAX_RELATIVE_DIFF`).
 
+Threads: with `threads` > 1 the wide linears (from 2^18 weights: SmolLM2's, grasp's lm_head and
+gate/up) split their output columns over that many OpenMP threads, each output computed by one of
+them as with one thread, so the numbers do not change (tested); SmolLM2 int4 at 2 threads: one
+token 4.2 instead of 5.5 ms, four 5.5 instead of 8.2.
+
 The library is built by `make native` and by setup.py's build step (`sol_control/native/build.py`);
 without it, or with `SOL_CONTROL_BACKEND=onnxruntime` / `decoding.backend: onnxruntime`,
 `open_decoder` uses ONNX Runtime.
@@ -44,6 +49,7 @@ from .fused import FusedDecoderSession
 
 LIBRARY = Path(__file__).resolve().parent.parent / "native" / LIBRARY_NAME
 BACKENDS = ("auto", "native", "onnxruntime")
+GOMP_SPINCOUNT = 10_000
 NATIVE_PRECISIONS = ("int8", "int4")  # the graphs "auto" offers the native pass (an fp32 file is not even read)
 MAX_LAYERS, MAX_HEADS = 64, 16  # as in fused_pass.c
 # max |native - ORT| / max |ORT| over the probes' logits above this: the graph is not what we compute.
@@ -87,6 +93,11 @@ def library() -> ctypes.CDLL | None:
     has none (the library moved to another machine; running it would be an illegal instruction)."""
     if not LIBRARY.is_file():
         return None
+    # OpenMP's workers spin this long after a parallel part before they sleep (libgomp reads it once,
+    # when the library loads): long enough for the gaps within a pass, short enough not to take a
+    # core from the ONNX Runtime prefill that follows a decode (its default, 300,000, slowed the
+    # SmolLM2 agent loop at 2 threads from 3.2 to 3.7 s)
+    os.environ.setdefault("GOMP_SPINCOUNT", str(GOMP_SPINCOUNT))
     lib = ctypes.CDLL(str(LIBRARY))
     if lib.sol_vnni() and not _cpu_has_vnni():
         return None

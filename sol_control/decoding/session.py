@@ -391,8 +391,8 @@ def open_decoder(bundle, role: str, precision: str, threads: int = 1, name: str 
 def _native_session(path, context: int, threads: int, name: str, prefill, choice: str):
     """A NativeDecoderSession when the graph and the build allow one and it computes what ONNX
     Runtime computes on this graph (`agrees_with_onnxruntime`), else None ("auto") or
-    NativeUnsupported ("native"). `threads`: its ONNX Runtime sessions' (the prefill graph's); the
-    C pass runs on the calling thread."""
+    NativeUnsupported ("native"). `threads`: its ONNX Runtime sessions' (the prefill graph's) and
+    the C pass's wide linears' (OpenMP; one thread calls no OpenMP at all)."""
     from .native import MAX_RELATIVE_DIFF, NativeDecoderSession, NativeUnsupported
 
     try:
