@@ -243,45 +243,64 @@ class _Builder:
         return _Linear(self.keep(packed, np.int8), self.keep(zp, np.int32), self.keep(scale.reshape(n), np.float32),
                        step, k, n, kind)
 
+    HIDDEN_MULTIPLE = 16  # the C pass sums 16 lanes at a time
+    CHAINED = False  # plain draft heads
+
     def build(self) -> NativeModel:
         m = self.model()
         for i in range(m.n_layers):
             m.layers[i] = self.layer(f"model.layers.{i}")
+        self.head_and_heads(m)
+        return NativeModel(m, self.arrays)
+
+    def head_and_heads(self, m: _Model) -> None:
+        """The lm_head and plain draft heads (w1, then one int8 w2 each), static activations."""
         m.lm_head = self.linear("lm_head.weight", "rows.h")
         if self.n_draft:
             m.heads_w1 = self.linear("heads.w1", "heads.h")
             m.head_offset = int(self.get("heads.offset").reshape(()))
             for j in range(self.n_draft):
                 m.heads_w2[j] = self.linear(f"heads.w2.{j}", "heads.hk", amax="rowq.one", scales=f"heads.w2.{j}.scales")
-        return NativeModel(m, self.arrays)
+
+    def embedding(self) -> tuple[int, int, dict]:
+        """(vocab, hidden, the _Model fields of the embedding table): fp32 here."""
+        embed = self.get("model.embed_tokens.weight")
+        return embed.shape[0], embed.shape[1], {"embed": self.keep(embed, np.float32)}
+
+    def inter(self) -> int:
+        return self.get("model.layers.0.mlp.gate_up_proj.weight.s8.T").shape[1] // 2
 
     def model(self) -> _Model:
         """The sizes and the float tables (embedding, rotary, final norm), checked against the C limits."""
         attrs = {a.name: a for a in self.gqa.attribute}
-        embed, cos = self.get("model.embed_tokens.weight"), self.get("cos_cache")
+        cos = self.get("cos_cache")
+        vocab, hidden, embedding = self.embedding()
         n_layers = sum(1 for name in self.inits if name.endswith(".input_layernorm.weight"))
-        hidden, head_dim = embed.shape[1], 2 * cos.shape[1]
-        if hidden % 16 or head_dim % 16:
+        head_dim = 2 * cos.shape[1]
+        if hidden % self.HIDDEN_MULTIPLE or head_dim % 16:
             raise NativeUnsupported(f"{self.path}: hidden size {hidden} and head dim {head_dim} must be "
-                                    "multiples of 16 (the C pass's 16-lane sums)")
+                                    f"multiples of {self.HIDDEN_MULTIPLE} and 16 (the C pass's sums and blocks)")
         if n_layers > MAX_LAYERS or self.n_draft > MAX_HEADS:
             raise NativeUnsupported(f"{self.path}: {n_layers} layers / {self.n_draft} heads exceed "
                                     f"{MAX_LAYERS} / {MAX_HEADS}")
-        inter = self.get("model.layers.0.mlp.gate_up_proj.weight.s8.T").shape[1] // 2
         return _Model(n_layers=n_layers, hidden=hidden, n_heads=attrs["num_heads"].i, kv_heads=attrs["kv_num_heads"].i,
-                      head_dim=head_dim, inter=inter, vocab=embed.shape[0], capacity=cos.shape[0],
-                      n_draft=self.n_draft, eps=self.eps, attn_scale=attrs["scale"].f,
-                      embed=self.keep(embed, np.float32), cos=self.keep(cos, np.float32),
+                      head_dim=head_dim, inter=self.inter(), vocab=vocab, capacity=cos.shape[0],
+                      n_draft=self.n_draft, chained=int(self.CHAINED and self.n_draft > 0), eps=self.eps,
+                      attn_scale=attrs["scale"].f, cos=self.keep(cos, np.float32),
                       sin=self.keep(self.get("sin_cache"), np.float32),
-                      final_norm=self.keep(self.get("model.norm.weight"), np.float32))
+                      final_norm=self.keep(self.get("model.norm.weight"), np.float32), **embedding)
+
+    def body(self, key: str, x: str) -> _Linear:
+        """A linear of a layer, `x` its input's name (static int8 here)."""
+        return self.linear(key, x)
 
     def layer(self, p: str) -> _Layer:
         return _Layer(self.keep(self.get(f"{p}.input_layernorm.weight"), np.float32),
                       self.keep(self.get(f"{p}.post_attention_layernorm.weight"), np.float32),
-                      self.linear(f"{p}.self_attn.qkv_proj.weight", f"{p}.ln1"),
-                      self.linear(f"{p}.self_attn.o_proj.weight", f"{p}.attn"),
-                      self.linear(f"{p}.mlp.gate_up_proj.weight", f"{p}.ln2"),
-                      self.linear(f"{p}.mlp.down_proj.weight", f"{p}.gated"))
+                      self.body(f"{p}.self_attn.qkv_proj.weight", f"{p}.ln1"),
+                      self.body(f"{p}.self_attn.o_proj.weight", f"{p}.attn"),
+                      self.body(f"{p}.mlp.gate_up_proj.weight", f"{p}.ln2"),
+                      self.body(f"{p}.mlp.down_proj.weight", f"{p}.gated"))
 
 
 class _Int4Builder(_Builder):
@@ -294,27 +313,21 @@ class _Int4Builder(_Builder):
         self.head_key = head.input[1][:-len(".s8.T")]
         self.head_kind = LIN_DUAL if head.input[0].endswith(".dual_u8") else LIN_ROWS
 
-    def model(self) -> _Model:
-        attrs = {a.name: a for a in self.gqa.attribute}
-        table, cos = self.get("model.embed_tokens.weight.q8.table"), self.get("cos_cache")
-        n_layers = sum(1 for name in self.inits if name.endswith(".input_layernorm.weight"))
-        hidden, head_dim = table.shape[1], 2 * cos.shape[1]
-        if hidden % 32 or head_dim % 16 or n_layers > MAX_LAYERS or self.n_draft > MAX_HEADS:
-            raise NativeUnsupported(f"{self.path}: hidden {hidden}, head dim {head_dim}, {n_layers} layers, "
-                                    f"{self.n_draft} heads: beyond the native pass")
-        inter = self.get("model.layers.0.mlp.gate_up_proj.weight.q4").shape[0] // 2
-        return _Model(n_layers=n_layers, hidden=hidden, n_heads=attrs["num_heads"].i, kv_heads=attrs["kv_num_heads"].i,
-                      head_dim=head_dim, inter=inter, vocab=table.shape[0], capacity=cos.shape[0],
-                      n_draft=self.n_draft, chained=int(self.n_draft > 0), eps=self.eps, attn_scale=attrs["scale"].f,
-                      embed_q8=self.keep(table, np.uint8),
-                      embed_scales=self.keep(self.get("model.embed_tokens.weight.table_scales"), np.float32),
-                      cos=self.keep(cos, np.float32), sin=self.keep(self.get("sin_cache"), np.float32),
-                      final_norm=self.keep(self.get("model.norm.weight"), np.float32))
+    HIDDEN_MULTIPLE = 32  # the embedding's 8-bit blocks and the activations' int8 blocks
+    CHAINED = True
 
-    def build(self) -> NativeModel:
-        m = self.model()
-        for i in range(m.n_layers):
-            m.layers[i] = self.layer(f"model.layers.{i}")
+    def embedding(self) -> tuple[int, int, dict]:
+        """The tied head's 8-bit table (GatherBlockQuantized, blocks of 32)."""
+        table = self.get("model.embed_tokens.weight.q8.table")
+        scales = self.get("model.embed_tokens.weight.table_scales")
+        return table.shape[0], table.shape[1], {"embed_q8": self.keep(table, np.uint8),
+                                                "embed_scales": self.keep(scales, np.float32)}
+
+    def inter(self) -> int:
+        return self.get("model.layers.0.mlp.gate_up_proj.weight.q4").shape[0] // 2
+
+    def head_and_heads(self, m: _Model) -> None:
+        """The integer lm_head (dual or rows activations) and the chained heads, rows activations."""
         m.lm_head = self.linear(self.head_key, None, kind=self.head_kind)
         if self.n_draft:
             m.heads_w1 = self.linear("heads.w1", None, kind=LIN_ROWS)
@@ -323,13 +336,9 @@ class _Int4Builder(_Builder):
             # over the first n tokens (heads_vocab), or through the lm_head itself
             slice_ = "heads.vocab_slice.s8.T" in self.inits
             m.heads_vocab = self.linear("heads.vocab_slice", None, kind=LIN_ROWS) if slice_ else m.lm_head
-        return NativeModel(m, self.arrays)
 
-    def layer(self, p: str) -> _Layer:
-        return _Layer(self.keep(self.get(f"{p}.input_layernorm.weight"), np.float32),
-                      self.keep(self.get(f"{p}.post_attention_layernorm.weight"), np.float32),
-                      self.q4(f"{p}.self_attn.qkv_proj.weight"), self.q4(f"{p}.self_attn.o_proj.weight"),
-                      self.q4(f"{p}.mlp.gate_up_proj.weight"), self.q4(f"{p}.mlp.down_proj.weight"))
+    def body(self, key: str, x: str) -> _Linear:
+        return self.q4(key)
 
     def q4(self, key: str) -> _Linear:
         """A 4-bit linear (MatMulNBits [n, k/32, 16] nibbles, low first; w = (q - 8) * scale, plus its
@@ -355,16 +364,16 @@ class NativeDecoderSession(FusedDecoderSession):
     """A FusedDecoderSession whose calls run the C pass (module docstring). Raises NativeUnsupported
     when the graph or the build does not allow it."""
 
-    def __init__(self, path: str | Path, *args, **kwargs):
+    def __init__(self, path: str | Path, max_context: int | None = None, threads: int = 1, **kwargs):
         lib = library()
         if lib is None:
             raise NativeUnsupported(f"the native library is not built ({LIBRARY}: `make native`)")
         self.native = NativeModel.from_onnx(path)
         self._through_ort = False  # agrees_with_onnxruntime: the same calls through the ORT session
         kwargs["min_step_tokens"] = kwargs.get("min_step_tokens") or 1  # rows never depend on each other
-        super().__init__(path, *args, **kwargs)
+        super().__init__(path, max_context, threads, **kwargs)
         m = self.native.struct
-        m.threads = kwargs.get("threads", args[1] if len(args) > 1 else 1)  # the large linears' (OpenMP)
+        m.threads = threads  # the wide linears' (OpenMP), as ONNX Runtime's intra-op threads
         if m.capacity != self._capacity or m.vocab != self.vocab:
             raise NativeUnsupported(f"{path}: graph tables ({m.capacity} rows, vocab {m.vocab}) do not match its "
                                     f"I/O ({self._capacity}, {self.vocab})")
@@ -375,11 +384,12 @@ class NativeDecoderSession(FusedDecoderSession):
         self._c_args = (ctypes.byref(m), ptr(self._ids))  # sol_run's arguments before T, L, rows, heads_on
         self._c_buffers = tuple(ptr(a) for a in (self._kv, self._keys_t, self._logits, self._probs, self._accepted,
                                                  self._heads, self._scratch))  # and after them
+        self._c_keys = self._c_buffers[:2]  # the cache and the transposed keys: sol_sync_keys' arguments
 
     def _call(self, T: int, L: int, rows: int, b) -> None:
         if self._through_ort or b is not self._main:  # ONNX Runtime: a prefill graph, or the check
             super()._call(T, L, rows, b)
-            self._sync_keys(self.native.struct, self._c_buffers[0], self._c_buffers[1], L, L + T)
+            self._sync_keys(self.native.struct, *self._c_keys, L, L + T)
             return
         if self._c_run(*self._c_args, T, L, rows, bool(self._heads_on), *self._c_buffers):
             raise ValueError(f"{self.name}: native pass refused T={T} after L={L} ({rows} rows)")
