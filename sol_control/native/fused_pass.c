@@ -76,6 +76,7 @@ int sol_vnni(void) { return SOL_VNNI; }
 /* 16 floats as one value (GCC vector extension: one zmm with AVX-512, smaller registers elsewhere) */
 typedef float v16 __attribute__((vector_size(64)));
 typedef float v16u __attribute__((vector_size(64), aligned(4), may_alias));
+typedef int32_t v16i __attribute__((vector_size(64)));
 static inline v16 load16(const float *p) { return *(const v16u *)p; }
 static inline void store16(float *p, v16 v) { *(v16u *)p = v; }
 
@@ -131,12 +132,25 @@ static int argmax(const float *x, int n) {
     float top[16];
     int at[16], i = 16;
     for (int l = 0; l < 16; l++) { top[l] = l < n ? x[l] : -INFINITY; at[l] = l; }
+#if SOL_VNNI
+    __m512 tv = _mm512_loadu_ps(top);
+    __m512i av = _mm512_loadu_si512((const void *)at), iv = av;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_loadu_ps(x + i);
+        __mmask16 more = _mm512_cmp_ps_mask(v, tv, _CMP_GT_OQ);
+        tv = _mm512_mask_mov_ps(tv, more, v);
+        av = _mm512_mask_mov_epi32(av, more, _mm512_add_epi32(iv, _mm512_set1_epi32(i)));
+    }
+    _mm512_storeu_ps(top, tv);
+    _mm512_storeu_si512((void *)at, av);
+#else
     for (; i + 16 <= n; i += 16)
         for (int l = 0; l < 16; l++) {
             int more = x[i + l] > top[l];
             top[l] = more ? x[i + l] : top[l];
             at[l] = more ? i + l : at[l];
         }
+#endif
     int best = at[0];
     float m = top[0];
     for (int l = 1; l < 16; l++)
@@ -167,7 +181,18 @@ static void split(int n, int step, int t, int parts, int *lo, int *hi) {
 static uint8_t to_u8(float v) { return (uint8_t)(v < 0 ? 0 : (v > 255 ? 255 : v)); }
 
 static void quantize(const float *x, uint8_t *q, int n, float step) {
+#if SOL_VNNI  /* the same operations 16 at a time: divide, round half to even, shift, saturate */
+    const __m512 st = _mm512_set1_ps(step), zero_point = _mm512_set1_ps(ZERO_POINT), top = _mm512_set1_ps(255);
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 mk = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __m512 v = _mm512_div_ps(_mm512_maskz_loadu_ps(mk, x + i), st);
+        v = _mm512_add_ps(_mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), zero_point);
+        v = _mm512_min_ps(_mm512_max_ps(v, _mm512_setzero_ps()), top);
+        _mm512_mask_cvtusepi32_storeu_epi8(q + i, mk, _mm512_cvtps_epi32(v));
+    }
+#else
     for (int i = 0; i < n; i++) q[i] = to_u8(nearbyintf(x[i] / step) + ZERO_POINT);
+#endif
 }
 
 /* a row on its own |max| ("rows", "dual"): unit = x / |max|, q = round(unit / step) + 64 and, with
@@ -187,10 +212,13 @@ static float quantize_row(const float *x, uint8_t *q, uint8_t *fine, int n) {
 #define MAX_NB 4  /* 16-column blocks a sweep covers: 4 x up to 6 rows = 24 accumulators of 32 registers */
 
 #if SOL_VNNI
-/* acc [R][NB * 16] = rows x [R][k] (u8) . NB column blocks of w (each [k / 4][16][4], `stride` apart) */
+/* y [R][width] (rows ldy apart) = (rows x [R][k] (u8) . NB column blocks of w (each [k / 4][16][4],
+ * `stride` apart) - zp) * scale: the integer sums, then the epilogue on them in registers */
 static inline __attribute__((always_inline)) void sweep(const uint8_t *x, const int R, const int NB, int k,
-                                                       const int8_t *w, size_t stride, int32_t *out) {
+                                                       const int8_t *w, size_t stride, const int32_t *zp,
+                                                       const float *scale, float *y, size_t ldy, int width) {
     __m512i acc[ROW_BLOCK][MAX_NB];
+    int32_t sums[ROW_BLOCK * MAX_NB * 16];
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
@@ -211,11 +239,23 @@ static inline __attribute__((always_inline)) void sweep(const uint8_t *x, const 
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-        for (int b = 0; b < NB; b++) _mm512_storeu_si512((void *)(out + (r * NB + b) * 16), acc[r][b]);
+        for (int b = 0; b < NB; b++) _mm512_storeu_si512((void *)(sums + (r * NB + b) * 16), acc[r][b]);
+    for (int b = 0; b < NB; b++) {  /* the epilogue: 16 columns a vector, the last block's tail masked */
+        int left = width - b * 16;
+        if (left <= 0) break;
+        __mmask16 mk = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1);
+        __m512i z = _mm512_maskz_loadu_epi32(mk, zp + b * 16);
+        __m512 sc = _mm512_maskz_loadu_ps(mk, scale + b * 16);
+        for (int r = 0; r < R; r++) {
+            __m512i a = _mm512_loadu_si512((const void *)(sums + (r * NB + b) * 16));
+            _mm512_mask_storeu_ps(y + r * ldy + b * 16, mk, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a, z)), sc));
+        }
+    }
 }
-#define SWEEP_CASE(r, nb) case r: sweep(x, r, nb, k, w, stride, out); break;
+#define SWEEP_CASE(r, nb) case r: sweep(x, r, nb, k, w, stride, zp, scale, y, ldy, width); break;
 /* NB = 4 for up to 6 rows, 2 for 7-8 (register budget), 1 for the last blocks */
-static void sweep_rows(const uint8_t *x, int R, int NB, int k, const int8_t *w, size_t stride, int32_t *out) {
+static void sweep_rows(const uint8_t *x, int R, int NB, int k, const int8_t *w, size_t stride, const int32_t *zp,
+                       const float *scale, float *y, size_t ldy, int width) {
     if (NB == 4) {
         switch (R) { SWEEP_CASE(1, 4) SWEEP_CASE(2, 4) SWEEP_CASE(3, 4) SWEEP_CASE(4, 4) SWEEP_CASE(5, 4)
                      SWEEP_CASE(6, 4) }
@@ -227,15 +267,17 @@ static void sweep_rows(const uint8_t *x, int R, int NB, int k, const int8_t *w, 
     }
 }
 #else
-static void sweep_rows(const uint8_t *x, int R, int NB, int k, const int8_t *w, size_t stride, int32_t *out) {
+static void sweep_rows(const uint8_t *x, int R, int NB, int k, const int8_t *w, size_t stride, const int32_t *zp,
+                       const float *scale, float *y, size_t ldy, int width) {
     for (int r = 0; r < R; r++)
-        for (int b = 0; b < NB; b++) {
+        for (int b = 0; b < NB && b * 16 < width; b++) {
             int32_t acc[16] = {0};
             for (int kb = 0; kb < k / 4; kb++)
                 for (int j = 0; j < 16; j++)
                     for (int i = 0; i < 4; i++)
                         acc[j] += (int32_t)x[r * k + kb * 4 + i] * (int32_t)w[b * stride + kb * 64 + j * 4 + i];
-            memcpy(out + (r * NB + b) * 16, acc, sizeof acc);
+            for (int j = 0; j < 16 && b * 16 + j < width; j++)
+                y[r * ldy + b * 16 + j] = (float)(acc[j] - zp[b * 16 + j]) * scale[b * 16 + j];
         }
 }
 #endif
@@ -244,18 +286,12 @@ static void sweep_rows(const uint8_t *x, int R, int NB, int k, const int8_t *w, 
 static void gemm_s8_blocks(const Linear *L, const uint8_t *q, int R, int b0, int b1, float *y) {
     int k = L->k, n = L->n;
     size_t stride = (size_t)k * 16;
-    int32_t acc[ROW_BLOCK * MAX_NB * 16];
     for (int r0 = 0; r0 < R; r0 += ROW_BLOCK) {
         int rb = R - r0 < ROW_BLOCK ? R - r0 : ROW_BLOCK, wide = rb <= 6 ? 4 : 2;
         for (int nb = b0; nb < b1;) {
-            int NB = b1 - nb >= wide ? wide : 1;
-            sweep_rows(q + r0 * k, rb, NB, k, L->w + nb * stride, stride, acc);
-            int c0 = nb * 16, width = n - c0 < NB * 16 ? n - c0 : NB * 16;
-            for (int r = 0; r < rb; r++) {
-                const int32_t *a = acc + r * NB * 16;
-                float *out = y + (size_t)(r0 + r) * n + c0;
-                for (int j = 0; j < width; j++) out[j] = (float)(a[j] - L->zp_sums[c0 + j]) * L->scale[c0 + j];
-            }
+            int NB = b1 - nb >= wide ? wide : 1, c0 = nb * 16, width = n - c0 < NB * 16 ? n - c0 : NB * 16;
+            sweep_rows(q + r0 * k, rb, NB, k, L->w + nb * stride, stride, L->zp_sums + c0, L->scale + c0,
+                       y + (size_t)r0 * n + c0, n, width);
             nb += NB;
         }
     }
@@ -441,47 +477,118 @@ static void rotate(float *v, const float *cos, const float *sin, int d) {
 
 static int padded16(int n) { return (n + 15) / 16 * 16; }
 
-/* one row's attention at position pos over cache rows [0, pos] of one layer; the keys transposed
- * ([kv_heads][head_dim][capacity rounded up to 16]: 16 positions' scores from one sweep over the
- * head dim, each a sum in the order of d), the values as the cache holds them */
-static void attend(const Model *m, const float *q, const float *keys_t, const float *values, int pos,
-                   float *out, float *scores) {
-    int D = m->head_dim, C = m->capacity, Ct = padded16(C), group = m->n_heads / m->kv_heads, n = pos + 1;
-    for (int h = 0; h < m->n_heads; h++) {
-        const float *KT = keys_t + (size_t)(h / group) * D * Ct, *V = values + (size_t)(h / group) * C * D;
-        const float *qh = q + h * D;
-        for (int j0 = 0; j0 < n; j0 += 16) {  /* four chains over d (d mod 4), summed in one order */
-            v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-            for (int d = 0; d < D; d += 4) {
-                const float *k = KT + (size_t)d * Ct + j0;
-                a0 += qh[d] * load16(k);
-                a1 += qh[d + 1] * load16(k + Ct);
-                a2 += qh[d + 2] * load16(k + 2 * Ct);
-                a3 += qh[d + 3] * load16(k + 3 * Ct);
+#define ATT_Q 6  /* query vectors one sweep over a kv head's keys or values serves (4 chains each) */
+
+/* the scores s [nq][Ct] at positions [0, n rounded up to 16) of nq <= ATT_Q query vectors q[i]
+ * against one kv head's transposed keys KT [head_dim][Ct]: each key vector loaded once for all of
+ * them. A score is a sum over d in four chains (d mod 4) added in one order, whatever nq is. */
+static inline __attribute__((always_inline)) void score_sweep(const float *const *q, const int nq, const float *KT,
+                                                             int D, int Ct, int n, float scale, float *s) {
+    for (int j0 = 0; j0 < n; j0 += 16) {
+        v16 a[ATT_Q][4];
+#pragma GCC unroll 6
+        for (int i = 0; i < nq; i++) a[i][0] = a[i][1] = a[i][2] = a[i][3] = (v16){0};
+        for (int d = 0; d < D; d += 4) {
+            const float *k = KT + (size_t)d * Ct + j0;
+            v16 k0 = load16(k), k1 = load16(k + Ct), k2 = load16(k + 2 * Ct), k3 = load16(k + 3 * Ct);
+#pragma GCC unroll 6
+            for (int i = 0; i < nq; i++) {
+                a[i][0] += q[i][d] * k0;
+                a[i][1] += q[i][d + 1] * k1;
+                a[i][2] += q[i][d + 2] * k2;
+                a[i][3] += q[i][d + 3] * k3;
             }
-            store16(scores + j0, ((a0 + a1) + (a2 + a3)) * m->attn_scale);
         }
-        float top = scores[0];
-        for (int j = 1; j < n; j++) top = scores[j] > top ? scores[j] : top;
-        for (int j = 0; j < n; j++) scores[j] = fast_exp(scores[j] - top);
-        float inv = 1.0f / sum16(scores, n);
-        int d0 = 0;
-        for (; d0 + 64 <= D; d0 += 64) {  /* 64 columns in registers over all positions */
-            v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-            for (int j = 0; j < n; j++) {
-                const float *v = V + (size_t)j * D + d0;
-                a0 += scores[j] * load16(v);
-                a1 += scores[j] * load16(v + 16);
-                a2 += scores[j] * load16(v + 32);
-                a3 += scores[j] * load16(v + 48);
+#pragma GCC unroll 6
+        for (int i = 0; i < nq; i++) store16(s + (size_t)i * Ct + j0, ((a[i][0] + a[i][1]) + (a[i][2] + a[i][3])) * scale);
+    }
+}
+
+/* out[i] = inv[i] x sum_j p[i][j] V[j] over j < n (V [n][D], D % 16 == 0; a query's p is 0 past its
+ * own positions): each value row loaded once for all nq <= ATT_Q queries, each sum in the order of j */
+static inline __attribute__((always_inline)) void value_sweep(const float *const *p, const int nq, const float *V,
+                                                             int D, int n, const float *inv, float *const *out) {
+    int d0 = 0;
+    for (; d0 + 64 <= D; d0 += 64) {  /* 64 columns in registers over all positions */
+        v16 a[ATT_Q][4];
+#pragma GCC unroll 6
+        for (int i = 0; i < nq; i++) a[i][0] = a[i][1] = a[i][2] = a[i][3] = (v16){0};
+        for (int j = 0; j < n; j++) {
+            const float *v = V + (size_t)j * D + d0;
+            v16 v0 = load16(v), v1 = load16(v + 16), v2 = load16(v + 32), v3 = load16(v + 48);
+#pragma GCC unroll 6
+            for (int i = 0; i < nq; i++) {
+                a[i][0] += p[i][j] * v0;
+                a[i][1] += p[i][j] * v1;
+                a[i][2] += p[i][j] * v2;
+                a[i][3] += p[i][j] * v3;
             }
-            float *o = out + h * D + d0;
-            store16(o, a0 * inv), store16(o + 16, a1 * inv), store16(o + 32, a2 * inv), store16(o + 48, a3 * inv);
         }
-        for (; d0 < D; d0 += 16) {
+#pragma GCC unroll 6
+        for (int i = 0; i < nq; i++)
+            for (int c = 0; c < 4; c++) store16(out[i] + d0 + 16 * c, a[i][c] * inv[i]);
+    }
+    for (; d0 < D; d0 += 16)
+        for (int i = 0; i < nq; i++) {
             v16 acc = {0};
-            for (int j = 0; j < n; j++) acc += scores[j] * load16(V + (size_t)j * D + d0);
-            store16(out + h * D + d0, acc * inv);
+            for (int j = 0; j < n; j++) acc += p[i][j] * load16(V + (size_t)j * D + d0);
+            store16(out[i] + d0, acc * inv[i]);
+        }
+}
+
+#define ATT_CASE(c) case c: score_sweep(q, c, KT, D, Ct, n, scale, s); break;
+static void scores(const float *const *q, int nq, const float *KT, int D, int Ct, int n, float scale, float *s) {
+    switch (nq) { ATT_CASE(1) ATT_CASE(2) ATT_CASE(3) ATT_CASE(4) ATT_CASE(5) ATT_CASE(6) }
+}
+#undef ATT_CASE
+#define ATT_CASE(c) case c: value_sweep(p, c, V, D, n, inv, out); break;
+static void values_mix(const float *const *p, int nq, const float *V, int D, int n, const float *inv, float *const *out) {
+    switch (nq) { ATT_CASE(1) ATT_CASE(2) ATT_CASE(3) ATT_CASE(4) ATT_CASE(5) ATT_CASE(6) }
+}
+#undef ATT_CASE
+
+/* scores s [0, n) -> exp(s - max), zeros on [n, upto); returns 1 / their sum (16 lanes, a fixed tree) */
+static float softmax_exp(float *s, int n, int upto) {
+    v16 lanes = load16(s);  /* the largest score, 16 lanes at a time (any order gives the same) */
+    int j = 16;
+    for (; j + 16 <= n; j += 16) {
+        v16 v = load16(s + j);
+        v16i more = v > lanes;  /* -1 where v is larger */
+        lanes = (v16)(((v16i)v & more) | ((v16i)lanes & ~more));
+    }
+    float top = s[0];
+    for (int l = 0; l < 16 && l < n; l++) top = lanes[l] > top ? lanes[l] : top;
+    for (; j < n; j++) top = s[j] > top ? s[j] : top;
+    for (int j = 0; j < n; j++) s[j] = fast_exp(s[j] - top);
+    float inv = 1.0f / sum16(s, n);
+    for (int j = n; j < upto; j++) s[j] = 0.0f;
+    return inv;
+}
+
+/* attention of T rows (query heads in qkv rows of `width`, at positions L..L+T-1, each over cache
+ * rows [0, its position]) for one layer; the keys transposed ([kv_heads][head_dim][capacity rounded
+ * up to 16]), the values as the cache holds them. The queries that share a kv head (its group's
+ * heads in all T rows) go through its keys and values together, ATT_Q at a time; a query's
+ * numbers are the same in any company (its sums in fixed orders, zeros past its own positions). */
+static void attend(const Model *m, const float *qkv, int width, int T, int L, const float *keys_t,
+                   const float *values, float *out, float *scratch) {
+    int D = m->head_dim, C = m->capacity, Ct = padded16(C), group = m->n_heads / m->kv_heads, Q = T * group;
+    int chunks = (Q + ATT_Q - 1) / ATT_Q, size = (Q + chunks - 1) / chunks;
+    for (int h = 0; h < m->kv_heads; h++) {
+        const float *KT = keys_t + (size_t)h * D * Ct, *V = values + (size_t)h * C * D;
+        for (int c0 = 0; c0 < Q; c0 += size) {
+            int nq = Q - c0 < size ? Q - c0 : size, n = L + (c0 + nq - 1) / group + 1;  /* the last query's positions */
+            const float *q[ATT_Q], *p[ATT_Q];
+            float *o[ATT_Q], inv[ATT_Q];
+            for (int i = 0; i < nq; i++) {
+                int t = (c0 + i) / group, head = h * group + (c0 + i) % group;
+                q[i] = qkv + (size_t)t * width + head * D;
+                o[i] = out + (size_t)t * m->n_heads * D + head * D;
+                p[i] = scratch + (size_t)i * Ct;
+            }
+            scores(q, nq, KT, D, Ct, n, m->attn_scale, scratch);
+            for (int i = 0; i < nq; i++) inv[i] = softmax_exp(scratch + (size_t)i * Ct, L + (c0 + i) / group + 1, n);
+            values_mix(p, nq, V, D, n, inv, o);
         }
     }
 }
@@ -506,7 +613,7 @@ static int mix_width(const Model *m) {  /* attention rows, then the MLP's gated 
 static void parts(const Model *m, long rows, long *size) {
     long H = m->hidden, W = max_width(m), blocks = rows * mix_width(m) / Q4_BLOCK + rows;
     long sizes[13] = {rows * H, rows * H, rows * mix_width(m), 2 * rows * H, rows * W, rows * W, 2 * rows * W,
-                      padded16(m->capacity), rows, blocks, blocks, blocks, (2 * rows * W + 3) / 4};
+                      ATT_Q * padded16(m->capacity), rows, blocks, blocks, blocks, (2 * rows * W + 3) / 4};
     memcpy(size, sizes, sizeof sizes);
 }
 
@@ -559,7 +666,7 @@ static void attention_block(const Model *m, int i, int T, int L, float *kv, floa
             memcpy(values + ((size_t)h * C + pos) * D, row + nq + nkv + h * D, sizeof(float) * D);
         }
     }
-    for (int t = 0; t < T; t++) attend(m, s->qkv + t * width, kt, values, L + t, s->attn + t * nq, s->scores);
+    attend(m, s->qkv, width, T, L, kt, values, s->attn, s->scores);
     linear(&ly->o, s->attn, T, s->mix, &s->w);
     for (int t = 0; t < T * H; t++) s->resid[t] += s->mix[t];
 }
@@ -622,10 +729,11 @@ void sol_sync_keys(const Model *m, const float *kv, float *keys_t, int L0, int L
 }
 
 /* One call: ids [T] after L cached positions (kv: [2 * layers][kv_heads][capacity][head_dim], the
- * new rows written at L..L+T-1, and keys_t the same keys transposed, sol_keys_t_floats); logits [rows][vocab] and probs [rows] of the last `rows` ids. With
- * draft heads: accepted = how many of the last rows - 1 ids equal the argmax of the row before
- * each (the first mismatch), and with heads_on the heads' guesses at that row. Returns 0, or -1
- * for arguments out of range (checked by the caller too). */
+ * new rows written at L..L+T-1, and keys_t the same keys transposed, sol_keys_t_floats); logits
+ * [rows][vocab] and probs [rows] of the last `rows` ids. With draft heads: accepted = n, how many
+ * of the last rows - 1 ids equal the argmax of the row before each (the first mismatch); with
+ * heads_on the heads' guesses at row n. Returns 0, or -1 for arguments out of range (checked by
+ * the caller too). */
 int sol_run(const Model *m, const int64_t *ids, int T, int L, int rows, int heads_on, float *kv, float *keys_t,
             float *logits, float *probs, int64_t *accepted, int64_t *head_ids, float *scratch) {
     if (T < 1 || rows < 1 || rows > T || L < 0 || L + T > m->capacity) return -1;
