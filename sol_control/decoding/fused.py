@@ -147,7 +147,7 @@ class FusedDecoderSession:
         self.guesser = None  # an AnswerGuesser for the prefill (open_decoder: the bundle's target.guesses)
         self._heads = np.zeros(max(self.draft_heads, 1), np.int64)
         self._heads_on = np.ones((), np.bool_)  # graphs with the heads_on input run their heads only when set
-        self._accepted = np.zeros(1, np.int64)
+        self._accepted = np.zeros(2, np.int64)  # the graph's `accepted`; the native pass adds its row's argmax
         self._probs = np.zeros(self.max_rows, np.float32)
         self._main = _Binding(self.session, self._bind_static)
         self._switch = HEADS_INPUT in self._main.inputs
@@ -317,6 +317,12 @@ class FusedDecoderSession:
         """How many of the last call's guesses (its last rows - 1 ids) the graph accepted."""
         assert self.draft_heads, f"{self.name} has no draft heads"
         return int(self._accepted[0])
+
+    @property
+    def next_token(self) -> int:
+        """The target's own token after the last call's accepted guesses: the argmax of row `accepted`."""
+        n = self.accepted
+        return int(np.argmax(self._logits[n * self.vocab:(n + 1) * self.vocab]))
 
     @property
     def head_ids(self) -> np.ndarray:

@@ -394,6 +394,14 @@ class NativeDecoderSession(FusedDecoderSession):
         if self._c_run(*self._c_args, T, L, rows, bool(self._heads_on), *self._c_buffers):
             raise ValueError(f"{self.name}: native pass refused T={T} after L={L} ({rows} rows)")
 
+    @property
+    def next_token(self) -> int:
+        """The argmax of row `accepted`, as the C pass found it (sol_run's accepted[1])."""
+        if self._through_ort:
+            return super().next_token
+        assert self.draft_heads, f"{self.name} has no draft heads"
+        return int(self._accepted[1])
+
     def agrees_with_onnxruntime(self, probes: int = 3) -> float:
         """The largest |logit| difference between this pass and ONNX Runtime's on the same graph,
         over a few random prefixes and 3-row verify passes, relative to ORT's largest |logit|

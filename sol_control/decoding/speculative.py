@@ -180,6 +180,8 @@ def _plain(target, prefix, max_new_tokens, budget, rule: Rule, stop_ids: tuple[i
 
 def _stop_at(emitted: list[int], stop_ids: tuple[int, ...]) -> int:
     """How many of `emitted` to keep: up to and including the first stop id (all when none)."""
+    if not stop_ids:
+        return len(emitted)
     return next((i + 1 for i, t in enumerate(emitted) if t in stop_ids), len(emitted))
 
 
@@ -310,7 +312,7 @@ def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None =
                                       stats, t0, stop_ids)
     else:
         out, probs = _prefill(target, prefix, rule, stats, t0)
-    seq = np.concatenate([prefix, np.zeros(max_new_tokens, np.int64)])  # the committed text, for lookups
+    seq = np.concatenate([prefix, np.zeros(max_new_tokens, np.int64)]) if lookup else None  # the text, for lookups
     guesses = target.head_ids.tolist() if heads else []
     while len(out) < max_new_tokens and out[-1] not in stop_ids and not budget.expired():
         seq_len = len(prefix) + len(out)  # committed tokens; the target holds seq_len - 1 of them
@@ -346,8 +348,12 @@ def _checked(target, guesses: list[int], t_logits: np.ndarray, stats: DecodeStat
              stop_ids: tuple[int, ...]) -> tuple[int, list[int]]:
     """(accepted n, emitted tokens) of a pass that checked `guesses` (logits [len + 1, V]): the
     accepted guesses and the target's own next token, cut after a stop id; counted in `stats`."""
-    n = target.accepted if target.draft_heads else _agreed(guesses, t_logits)
-    emitted = guesses[:n] + [int(np.argmax(t_logits[n]))]
+    if target.draft_heads:  # the graph checked the guesses and knows its own next token
+        n = target.accepted
+        emitted = guesses[:n] + [target.next_token]
+    else:
+        n = _agreed(guesses, t_logits)
+        emitted = guesses[:n] + [int(np.argmax(t_logits[n]))]
     stats.target_passes, stats.verify_passes = stats.target_passes + 1, stats.verify_passes + 1
     stats.proposed, stats.accepted = stats.proposed + len(guesses), stats.accepted + n
     return n, emitted[:_stop_at(emitted, stop_ids)]

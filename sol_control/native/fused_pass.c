@@ -730,10 +730,10 @@ void sol_sync_keys(const Model *m, const float *kv, float *keys_t, int L0, int L
 
 /* One call: ids [T] after L cached positions (kv: [2 * layers][kv_heads][capacity][head_dim], the
  * new rows written at L..L+T-1, and keys_t the same keys transposed, sol_keys_t_floats); logits
- * [rows][vocab] and probs [rows] of the last `rows` ids. With draft heads: accepted = n, how many
- * of the last rows - 1 ids equal the argmax of the row before each (the first mismatch); with
- * heads_on the heads' guesses at row n. Returns 0, or -1 for arguments out of range (checked by
- * the caller too). */
+ * [rows][vocab] and probs [rows] of the last `rows` ids. With draft heads: accepted [2] = n, how
+ * many of the last rows - 1 ids equal the argmax of the row before each (the first mismatch), and
+ * the argmax of row n; with heads_on the heads' guesses at row n. Returns 0, or -1 for arguments
+ * out of range (checked by the caller too). */
 int sol_run(const Model *m, const int64_t *ids, int T, int L, int rows, int heads_on, float *kv, float *keys_t,
             float *logits, float *probs, int64_t *accepted, int64_t *head_ids, float *scratch) {
     if (T < 1 || rows < 1 || rows > T || L < 0 || L + T > m->capacity) return -1;
@@ -758,7 +758,7 @@ int sol_run(const Model *m, const int64_t *ids, int T, int L, int rows, int head
         if (n == rows - 1 && r < n && ids[first + r + 1] != best) n = r, best_n = best;  /* the first guess missed */
     }
     if (m->n_draft) {
-        accepted[0] = n;
+        accepted[0] = n, accepted[1] = best_n;
         if (!heads_on)
             memset(head_ids, 0, sizeof(int64_t) * m->n_draft);
         else if (m->chained)
