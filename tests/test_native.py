@@ -63,8 +63,8 @@ def _graphs():
 
 @pytest.mark.parametrize("which", ["grasp", "qc", "tiny"])
 def test_the_native_pass_computes_what_onnxruntime_computes(which, tiny_static):
-    """Prefill rows and verify passes: logits, each row's top probability, the accepted count and the
-    heads' guesses, against an ORT session of the same file."""
+    """Prefill rows and verify passes: logits, each row's top probability, the accepted count, the
+    next token and the heads' guesses, against an ORT session of the same file."""
     path = tiny_static if which == "tiny" else MODELS / which / "target_fused_int8.onnx"
     nat, ref = _both(path)
     rng = np.random.default_rng(7)
@@ -89,6 +89,8 @@ def test_the_native_pass_computes_what_onnxruntime_computes(which, tiny_static):
         np.testing.assert_allclose(got[0], got[1], atol=LOGIT_ATOL, rtol=0)
         np.testing.assert_allclose(nat.row_probs, ref.row_probs, rtol=1e-5)
         assert nat.accepted == ref.accepted and np.array_equal(nat.head_ids, ref.head_ids)
+        # the target's own token after the accepted guesses: the C pass's argmax, numpy's on ORT's logits
+        assert nat.next_token == ref.next_token == int(np.argmax(got[1][ref.accepted]))
         checked_accepts.add(nat.accepted)
     assert {0, 1} <= checked_accepts  # both ends of the acceptance rule compared
 
