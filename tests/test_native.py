@@ -108,6 +108,36 @@ def test_a_rows_numbers_do_not_depend_on_its_call(path):
     assert np.array_equal(whole, singles)
 
 
+def test_a_pass_that_may_end_the_answer_runs_its_heads_only_after_a_rejected_guess():
+    """use_heads(True, last=True): with every guess right the heads' guesses are not made (zeros),
+    with one wrong they are ONNX Runtime's (whose graph runs them either way)."""
+    nat, ref = _both(MODELS / "grasp" / "target_fused_int8.onnx")
+    ids = np.random.default_rng(5).integers(0, nat.vocab, 12)
+    for s in (nat, ref):
+        s.reset()
+        s.forward(ids[:8], rows=1)
+    right = greedy(ref, ids[:9], 4).tokens  # what the target itself says after ids[:9]
+    ref.rewind(8)
+    for s in (nat, ref):
+        s.use_heads(True, last=True)
+    checked = []
+    for guesses in (right[:3], [right[0], (right[1] + 1) % nat.vocab, right[2]]):
+        tail = np.array([ids[8], *guesses])
+        for s in (nat, ref):
+            s.forward(tail, rows=len(tail))
+            s.rewind(8)
+        assert nat.accepted == ref.accepted and nat.next_token == ref.next_token
+        checked.append(nat.accepted)
+        if nat.accepted == len(guesses):
+            assert not nat.head_ids.any() and ref.head_ids.any()
+        else:
+            assert np.array_equal(nat.head_ids, ref.head_ids) and nat.head_ids.any()
+    assert checked == [3, 1]
+    nat.use_heads(True)  # no longer last: the heads run with every guess right too
+    nat.forward(np.array([ids[8], *right[:3]]), rows=4)
+    assert nat.accepted == 3 and nat.head_ids.any()
+
+
 def _prefixes(bundle: Bundle, n: int) -> list[np.ndarray]:
     with bundle.load_array("reference.npz") as z:
         prefixes = [np.asarray(z[k], np.int64) for k in sorted(z.files) if k.startswith("prefix")]

@@ -147,6 +147,7 @@ class FusedDecoderSession:
         self.guesser = None  # an AnswerGuesser for the prefill (open_decoder: the bundle's target.guesses)
         self._heads = np.zeros(max(self.draft_heads, 1), np.int64)
         self._heads_on = np.ones((), np.bool_)  # graphs with the heads_on input run their heads only when set
+        self._heads_mode = 1  # use_heads: 0 off, 1 on, 2 on where a guess was rejected
         self._accepted = np.zeros(2, np.int64)  # the graph's `accepted`; the native pass adds its row's argmax
         self._probs = np.zeros(self.max_rows, np.float32)
         self._main = _Binding(self.session, self._bind_static)
@@ -209,10 +210,13 @@ class FusedDecoderSession:
         assert 0 <= n_keep <= self.length, (n_keep, self.length)
         self.length = n_keep
 
-    def use_heads(self, on: bool) -> None:
+    def use_heads(self, on: bool, last: bool = False) -> None:
         """Run the draft heads in the next calls or not (plain decoding reads no `head_ids`). Graphs
-        without the `heads_on` input (built before it) run them always."""
+        without the `heads_on` input (built before it) run them always. `last`: the next calls may
+        end the answer, so their guesses matter only where a guess is rejected: the native pass then
+        skips the heads when every guess is right (`head_ids` zeros); ONNX Runtime's graphs run them."""
         self._heads_on[()] = on or not self._switch
+        self._heads_mode = 2 if on and last else int(self._heads_on)  # the native pass's heads_on
 
     # -- forward ----------------------------------------------------------------------------
     def forward(self, ids: np.ndarray, rows: int | None = None) -> np.ndarray:

@@ -391,7 +391,7 @@ class NativeDecoderSession(FusedDecoderSession):
             super()._call(T, L, rows, b)
             self._sync_keys(self.native.struct, *self._c_keys, L, L + T)
             return
-        if self._c_run(*self._c_args, T, L, rows, bool(self._heads_on), *self._c_buffers):
+        if self._c_run(*self._c_args, T, L, rows, self._heads_mode, *self._c_buffers):
             raise ValueError(f"{self.name}: native pass refused T={T} after L={L} ({rows} rows)")
 
     @property

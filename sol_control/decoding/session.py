@@ -202,7 +202,7 @@ class DecoderSession:
         assert 0 <= n_keep <= self.length, (n_keep, self.length)
         self.length = n_keep
 
-    def use_heads(self, on: bool) -> None:
+    def use_heads(self, on: bool, last: bool = False) -> None:
         """FusedDecoderSession's switch for its draft heads; an Optimum-layout decoder has none."""
 
     def _compact(self) -> None:

@@ -313,7 +313,7 @@ def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None =
     else:
         out, probs = _prefill(target, prefix, rule, stats, t0)
     seq = np.concatenate([prefix, np.zeros(max_new_tokens, np.int64)]) if lookup else None  # the text, for lookups
-    guesses = target.head_ids.tolist() if heads else []
+    guesses, last = target.head_ids.tolist() if heads else [], False
     while len(out) < max_new_tokens and out[-1] not in stop_ids and not budget.expired():
         seq_len = len(prefix) + len(out)  # committed tokens; the target holds seq_len - 1 of them
         source = "heads"
@@ -322,6 +322,9 @@ def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None =
             guesses, source = _lookup_or(guesses, seq[:seq_len], lookup, length)
         kk = min(len(guesses), max_new_tokens - len(out) - 1)
         kk = length.choose(source, kk) if length is not None else kk
+        if heads and (kk + 1 >= max_new_tokens - len(out)) != last:  # this pass may end the answer, or not
+            last = not last
+            target.use_heads(True, last)  # then its heads matter only where a guess is rejected
         t1 = time.monotonic_ns()
         t_logits = target.forward(np.array([out[-1]] + guesses[:kk], np.int64))  # [kk+1, V]
         n, emitted = _checked(target, guesses[:kk], t_logits, stats, stop_ids)

@@ -732,8 +732,9 @@ void sol_sync_keys(const Model *m, const float *kv, float *keys_t, int L0, int L
  * new rows written at L..L+T-1, and keys_t the same keys transposed, sol_keys_t_floats); logits
  * [rows][vocab] and probs [rows] of the last `rows` ids. With draft heads: accepted [2] = n, how
  * many of the last rows - 1 ids equal the argmax of the row before each (the first mismatch), and
- * the argmax of row n; with heads_on the heads' guesses at row n. Returns 0, or -1 for arguments
- * out of range (checked by the caller too). */
+ * the argmax of row n; the heads' guesses at row n with heads_on 1, or with 2 where a guess was
+ * rejected (n < rows - 1: a pass that may end the answer needs them only then), else zeros.
+ * Returns 0, or -1 for arguments out of range (checked by the caller too). */
 int sol_run(const Model *m, const int64_t *ids, int T, int L, int rows, int heads_on, float *kv, float *keys_t,
             float *logits, float *probs, int64_t *accepted, int64_t *head_ids, float *scratch) {
     if (T < 1 || rows < 1 || rows > T || L < 0 || L + T > m->capacity) return -1;
@@ -759,7 +760,7 @@ int sol_run(const Model *m, const int64_t *ids, int T, int L, int rows, int head
     }
     if (m->n_draft) {
         accepted[0] = n, accepted[1] = best_n;
-        if (!heads_on)
+        if (!heads_on || (heads_on == 2 && n == rows - 1))
             memset(head_ids, 0, sizeof(int64_t) * m->n_draft);
         else if (m->chained)
             chained_heads(m, s.h + n * H, best_n, &s, head_ids);
