@@ -305,13 +305,8 @@ def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None =
     t0 = time.monotonic_ns()
     budget = budget or Budget.unlimited()
     prefix = _check_request(target, prefix, max_new_tokens)
-    rule, stats, heads = Rule(), DecodeStats(), _heads_on(target, lookup)
-    if prefill_guesses and target.can_guess_prefill and target.guesser is not None \
-            and max_new_tokens > 1 and not budget.expired():
-        out, probs = _prefill_guessed(target, prefix, target.guesser.guess(prefix, max_new_tokens - 1),
-                                      stats, t0, stop_ids)
-    else:
-        out, probs = _prefill(target, prefix, rule, stats, t0)
+    stats, heads = DecodeStats(), _heads_on(target, lookup)
+    out, probs = _first_tokens(target, prefix, max_new_tokens, budget, prefill_guesses, stats, t0, stop_ids)
     seq = np.concatenate([prefix, np.zeros(max_new_tokens, np.int64)]) if lookup else None  # the text, for lookups
     guesses, last = target.head_ids.tolist() if heads else [], False
     while len(out) < max_new_tokens and out[-1] not in stop_ids and not budget.expired():
@@ -335,6 +330,17 @@ def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None =
         guesses = target.head_ids.tolist() if heads else []  # the heads at row n: what follows the emitted token
         target.rewind(seq_len + len(emitted) - 1)
     return _finish(out, probs, max_new_tokens, stats, t0, stop_ids)
+
+
+def _first_tokens(target, prefix, max_new_tokens: int, budget: Budget, prefill_guesses: bool,
+                  stats: DecodeStats, t0: int, stop_ids: tuple[int, ...]) -> tuple[list[int], list[float]]:
+    """speculate_heads's prefill: with the answer guesser's guesses checked in it where the target
+    can (and time is left), else the plain prefill's one token."""
+    if prefill_guesses and target.can_guess_prefill and target.guesser is not None \
+            and max_new_tokens > 1 and not budget.expired():
+        guesses = target.guesser.guess(prefix, max_new_tokens - 1)
+        return _prefill_guessed(target, prefix, guesses, stats, t0, stop_ids)
+    return _prefill(target, prefix, Rule(), stats, t0)
 
 
 def _heads_on(target, lookup: int) -> bool:
