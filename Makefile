@@ -7,6 +7,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.sol_control-installed
 TRAIN_STAMP := $(VENV)/.sol_control-train-installed
 SDF_CHECK := build/sdf_check
+CROSS_TOOLS := build/.cross-tools
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 # ROS traffic stays on this machine: localhost discovery, our own domain, Fast DDS profile with
@@ -41,10 +42,11 @@ $(TRAIN_STAMP): $(STAMP) requirements-train.txt
 venv-train: $(TRAIN_STAMP)
 
 # The native pass (sol_control/decoding/native.py): a fused graph's whole pass in C, loaded with
-# ctypes; flags in sol_control/native/build.py (setup.py builds it too, for colcon and pip installs).
-# Without a compiler nothing is built and ONNX Runtime runs every graph.
+# ctypes, with kernels for every instruction set of this architecture (the CPU probe picks one when it
+# loads; SOL_CONTROL_ISA forces one); flags in sol_control/native/build.py (setup.py builds it too, for
+# colcon and pip installs). Without a compiler nothing is built and ONNX Runtime runs every graph.
 NATIVE := sol_control/native/libsolfused.so
-$(NATIVE): sol_control/native/fused_pass.c sol_control/native/build.py
+$(NATIVE): $(wildcard sol_control/native/*.c sol_control/native/*.h) sol_control/native/build.py
 	@$(PYTHON) sol_control/native/build.py $@
 
 native: $(NATIVE)
@@ -52,8 +54,16 @@ native: $(NATIVE)
 demo: $(STAMP) $(NATIVE)
 	$(VENV)/bin/sol-control demo $(DEMO_ARGS)
 
-test: $(STAMP) $(SDF_CHECK) $(NATIVE)
-	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+test: $(STAMP) $(SDF_CHECK) $(NATIVE) $(CROSS_TOOLS)
+	SOL_CONTROL_REQUIRE_CROSS=1 $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+# The NEON kernels' check (tests/test_native_isa.py): Debian's aarch64 cross compiler and qemu-user
+# (qemu-aarch64 -cpu max runs ARMv8.2 dotprod), installed when missing, as the SDFormat checker's.
+$(CROSS_TOOLS):
+	@command -v aarch64-linux-gnu-gcc >/dev/null && command -v qemu-aarch64 >/dev/null || { $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends gcc-aarch64-linux-gnu \
+	  libc6-dev-arm64-cross qemu-user; }
+	@mkdir -p build && touch $@
 
 # SDFormat checker for the Gazebo world (tests/test_gazebo_world.py): sdf::Root::Load from Debian's
 # libsdformat-dev (libsdformat 12: SDF up to 1.9). apt-get runs only when the package is missing

@@ -2,8 +2,8 @@
 
 Against ONNX Runtime on the same graph files (the shipped grasp and QC targets, and a tiny static
 int8 model with heads whose outputs are not a multiple of 16), row exactness, speculation equal to
-plain greedy, and every way it declines (other graphs, no library, a CPU without VNNI for a VNNI
-build) ending on ONNX Runtime or, when asked for, in a clear error."""
+plain greedy, and every way it declines (other graphs, no library) ending on ONNX Runtime or, when
+asked for, in a clear error. The kernel variants against generic C: tests/test_native_isa.py."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -190,19 +190,15 @@ def test_the_backend_comes_from_the_argument_the_environment_or_auto(monkeypatch
         open_decoder(grasp, "target", "int8")
 
 
-def test_without_the_library_or_on_a_cpu_without_vnni_onnxruntime_runs(monkeypatch, tmp_path):
+def test_without_the_library_onnxruntime_runs(monkeypatch, tmp_path):
     grasp = Bundle.load(MODELS / "grasp")
     monkeypatch.setattr(native, "LIBRARY", tmp_path / "missing.so")
     native.library.cache_clear()
     try:
-        assert native.library() is None
+        assert native.library() is None and native.library_variant() is None
         assert type(open_decoder(grasp, "target", "int8")) is FusedDecoderSession
         with pytest.raises(NativeUnsupported, match="make native"):
             open_decoder(grasp, "target", "int8", backend="native")
-        monkeypatch.undo()
-        native.library.cache_clear()
-        monkeypatch.setattr(native, "_cpu_has_vnni", lambda: False)
-        assert (native.library() is None) == bool(native.ctypes.CDLL(str(native.LIBRARY)).sol_vnni())
     finally:
         monkeypatch.undo()
         native.library.cache_clear()
@@ -233,29 +229,6 @@ def test_the_node_config_picks_the_backend():
     slow = FastPlanner(grasp, 15, DecodingConfig(backend="onnxruntime"))
     assert isinstance(fast.target, NativeDecoderSession) and not isinstance(slow.target, NativeDecoderSession)
     assert (fast.backend, slow.backend) == ("native", "onnxruntime")  # the node's diagnostics: fast_backend
-
-
-def test_the_plain_c_build_decides_as_the_vnni_build(tmp_path, monkeypatch):
-    """A CPU without AVX-512 VNNI runs the plain C sums: the same integers, so the same logits up to
-    the float rounding the two builds' instructions allow, and the same greedy answers."""
-    if not build.cpu_has_vnni():
-        pytest.skip("this CPU has no VNNI: the library under test is the plain C build already")
-    path = MODELS / "grasp" / "target_fused_int8.onnx"
-    fast = NativeDecoderSession(path)
-    assert build.build(tmp_path / build.LIBRARY_NAME, vnni=False) is not None
-    monkeypatch.setattr(native, "LIBRARY", tmp_path / build.LIBRARY_NAME)
-    native.library.cache_clear()
-    try:
-        plain = NativeDecoderSession(path)
-        assert not native.library().sol_vnni()
-        ids = np.random.default_rng(5).integers(0, plain.vocab, 24)
-        np.testing.assert_allclose(plain.forward(ids), fast.forward(ids), atol=LOGIT_ATOL, rtol=0)
-        prefix = ids[:20]
-        assert greedy(plain, prefix, 15).tokens == greedy(fast, prefix, 15).tokens
-    finally:
-        monkeypatch.undo()
-        native.library.cache_clear()
-
 
 
 # ---- an imported LM's int4 graph (the tiny Llama of tests/test_lm_heads.py, chained heads) ---------

@@ -43,8 +43,8 @@ from pathlib import Path
 import numpy as np
 
 from ..graph.llama import ROW_LEVELS
+from ..native import isa
 from ..native.build import LIBRARY_NAME
-from ..native.build import cpu_has_vnni as _cpu_has_vnni
 from .fused import FusedDecoderSession
 
 LIBRARY = Path(__file__).resolve().parent.parent / "native" / LIBRARY_NAME
@@ -84,13 +84,13 @@ class _Model(ctypes.Structure):
         ("embed_q8", ctypes.c_void_p), ("embed_scales", ctypes.c_void_p), ("cos", ctypes.c_void_p),
         ("sin", ctypes.c_void_p), ("final_norm", ctypes.c_void_p), ("layers", _Layer * MAX_LAYERS),
         ("lm_head", _Linear), ("heads_w1", _Linear), ("heads_w2", _Linear * MAX_HEADS),
-        ("heads_prev", _Linear * MAX_HEADS), ("heads_vocab", _Linear)]
+        ("heads_prev", _Linear * MAX_HEADS), ("heads_vocab", _Linear), ("kernels", ctypes.c_void_p)]
 
 
 @functools.lru_cache(maxsize=1)
 def library() -> ctypes.CDLL | None:
-    """The built C pass, or None: not built (`make native`), or built for AVX-512 VNNI and this CPU
-    has none (the library moved to another machine; running it would be an illegal instruction)."""
+    """The built C pass (every kernel variant of this architecture, the best one this CPU runs
+    chosen when it loads), or None: not built (`make native`)."""
     if not LIBRARY.is_file():
         return None
     # OpenMP's workers spin this long after a parallel part before they sleep (libgomp reads it once,
@@ -99,8 +99,11 @@ def library() -> ctypes.CDLL | None:
     # SmolLM2 agent loop at 2 threads from 3.2 to 3.7 s)
     os.environ.setdefault("GOMP_SPINCOUNT", str(GOMP_SPINCOUNT))
     lib = ctypes.CDLL(str(LIBRARY))
-    if lib.sol_vnni() and not _cpu_has_vnni():
-        return None
+    for fn in (lib.sol_kernels, lib.sol_kernels_best):
+        fn.restype = ctypes.c_void_p
+    lib.sol_kernels.argtypes = [ctypes.c_char_p]
+    lib.sol_kernels_name.restype = lib.sol_variant_name.restype = ctypes.c_char_p
+    lib.sol_kernels_name.argtypes = [ctypes.c_void_p]
     lib.sol_scratch_floats.restype = ctypes.c_long
     lib.sol_scratch_floats.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.sol_keys_t_floats.restype = ctypes.c_long
@@ -108,6 +111,45 @@ def library() -> ctypes.CDLL | None:
     lib.sol_run.restype = ctypes.c_int
     lib.sol_sync_keys.argtypes = [ctypes.POINTER(_Model), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     return lib
+
+
+def kernels(variant: str | None = None) -> int:
+    """The C kernel table for `variant` (default: SOL_CONTROL_ISA, else the CPU probe's best), as a
+    pointer for Model.kernels. ValueError for a variant this CPU lacks (naming the missing flags)
+    or this library was not built with; NativeUnsupported without a library."""
+    lib = library()
+    if lib is None:
+        raise NativeUnsupported(f"the native library is not built ({LIBRARY}: `make native`)")
+    if variant is None:
+        variant = isa.requested()
+    if variant is None:
+        return lib.sol_kernels_best()
+    lacking = isa.missing_flags(variant)
+    if lacking:
+        raise ValueError(f"kernel variant {variant!r}: this CPU ({isa.cpu_model()}) lacks {', '.join(lacking)}; "
+                         f"it runs {', '.join(isa.runnable())}")
+    table = lib.sol_kernels(variant.encode())
+    if not table:
+        raise ValueError(f"kernel variant {variant!r} is not in {LIBRARY} or the CPU refuses it "
+                         f"(built: {', '.join(built_variants())})")
+    return table
+
+
+def built_variants() -> list[str]:
+    """The kernel variants in the library, best first ([] without a library)."""
+    lib = library()
+    names, i = [], 0
+    while lib is not None and (name := lib.sol_variant_name(i)) is not None:
+        names.append(name.decode())
+        i += 1
+    return names
+
+
+def library_variant() -> str | None:
+    """The variant a session opened now runs (SOL_CONTROL_ISA, else the probe's), or None without a
+    library."""
+    lib = library()
+    return None if lib is None else lib.sol_kernels_name(kernels()).decode()
 
 
 def backend_choice(backend: str | None = None) -> str:
@@ -364,11 +406,15 @@ class NativeDecoderSession(FusedDecoderSession):
     """A FusedDecoderSession whose calls run the C pass (module docstring). Raises NativeUnsupported
     when the graph or the build does not allow it."""
 
-    def __init__(self, path: str | Path, max_context: int | None = None, threads: int = 1, **kwargs):
+    def __init__(self, path: str | Path, max_context: int | None = None, threads: int = 1,
+                 variant: str | None = None, **kwargs):
+        """`variant`: the kernels to run ("avx2", "generic", ...; default SOL_CONTROL_ISA, else the
+        CPU probe's best)."""
         lib = library()
-        if lib is None:
-            raise NativeUnsupported(f"the native library is not built ({LIBRARY}: `make native`)")
+        table = kernels(variant)  # NativeUnsupported without the library, ValueError for a CPU without it
         self.native = NativeModel.from_onnx(path)
+        self.native.struct.kernels = table
+        self.variant = lib.sol_kernels_name(table).decode()
         self._through_ort = False  # agrees_with_onnxruntime: the same calls through the ORT session
         kwargs["min_step_tokens"] = kwargs.get("min_step_tokens") or 1  # rows never depend on each other
         super().__init__(path, max_context, threads, **kwargs)
@@ -422,4 +468,4 @@ class NativeDecoderSession(FusedDecoderSession):
             self.reset()
 
     def __repr__(self) -> str:
-        return "Native" + super().__repr__()
+        return f"Native[{self.variant}]" + super().__repr__()

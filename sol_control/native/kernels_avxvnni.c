@@ -1,0 +1,24 @@
+/* AVX-VNNI kernels (Alder Lake and later Core, Zen 5): vpdpbusd on 32 bytes, exact. Built twice:
+ * VEX-encoded (-mavxvnni, the CPUs that have it) and, with SOL_EVEX, EVEX-encoded (AVX-512 VNNI + VL)
+ * as "avxvnni_evex", so the same kernels run and are tested on an AVX-512 VNNI host. */
+#ifdef SOL_EVEX
+#define VARIANT avxvnni_evex
+#define DPBUSD _mm256_dpbusd_epi32
+#else
+#define VARIANT avxvnni
+#define DPBUSD _mm256_dpbusd_avx_epi32
+#endif
+#define EXACT_BELOW 255
+#define DOT4(acc, x, w) DPBUSD((acc), (x), (w))
+
+/* s[half]: vpdpbusd with the nibbles (u8 0..15) as the unsigned side, the row's int8 as the signed one */
+#define Q4_BLOCK_SUMS(s, lo, hi, x)                                   \
+    for (int h = 0; h < 2; h++) {                                     \
+        s[h] = _mm256_setzero_si256();                                 \
+        for (int j = 0; j < 4; j++) {                                 \
+            s[h] = DPBUSD(s[h], lo[2 * j + h], bcast4((x) + 8 * j));     \
+            s[h] = DPBUSD(s[h], hi[2 * j + h], bcast4((x) + 8 * j + 4)); \
+        }                                                             \
+    }
+
+#include "kernels_x86_256.h"
