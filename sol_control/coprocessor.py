@@ -154,8 +154,8 @@ class Coprocessor:
     # -- run -------------------------------------------------------------------------------------
     def warmup(self, runs: int | None = None) -> dict[str, float]:
         """Run each pipeline's perception on a noise frame and its planners on the bundle's warm-up
-        prefixes so the first live decision is warm; seeds both latency models. Returns the last
-        full-precision latency per task (ms)."""
+        prefixes so the first live decision is warm; seeds both latency models (until their first
+        live runs: see guard.LatencyModel). Returns the last full-precision latency per task (ms)."""
         runs = runs or self._cfg.decoding.warmup_runs
         out = {}
         for task, p in self.pipelines.items():
@@ -204,6 +204,10 @@ class Coprocessor:
                 "fast_backend": p.fast.backend,  # "native" or "onnxruntime" (decoding.backend)
                 "full_precision_estimate_ms": p.guard.full_latency.estimate_ms(),
                 "fast_p50_ms": p.guard.fast_latency.estimate_ms(q=50.0),
+                "fast_probes": p.guard.probes["fast"],  # skipped paths run anyway (guard.PROBE_EVERY)
+                "full_precision_probes": p.guard.probes["full_precision"],
+                # 0-2: how many of the two latency models still rest on warm-up runs only
+                "latency_models_from_warmup": int(p.guard.fast_latency.seeded) + int(p.guard.full_latency.seeded),
                 "audited": a.audited if a else 0,
                 "audit_agreement": a.agreement if a else math.nan,
                 "audit_token_identical": (a.token_identical / a.audited) if (a and a.audited) else math.nan,

@@ -12,8 +12,14 @@ Fast budget = the remaining budget (minus the publish margin) times `fast_share`
 to leave room for the full-precision planner when the deadline is long enough to hold both. A fast
 path whose median recent latency does not fit its budget is not started (`fast_would_miss`), so a
 late frame gets its fallback at once instead of after a doomed run. The full-precision planner runs
-only if its measured p95 latency x `full_precision_safety` fits what is left; after PROBE_EVERY
-decisions in a row without it, one runs anyway, within the budget, to refresh that estimate.
+only if its measured p95 latency x `full_precision_safety` fits what is left.
+
+Probes: a path skipped PROBE_EVERY decisions in a row runs anyway on the next one, within the same
+budget as any run (counted in `probes`). A skipped run adds no sample, so without probes a model
+that once said "too slow" would say so for good. A probe that finishes in time proves the samples
+that skipped it stale: its latency model restarts from that run. Warm-up runs (made while the
+nodes and the cell start on the same cores, often many times slower) seed a model only until its
+first live run, so a slow start cannot outvote what the planner does now.
 Nothing escapes `decide`: every exception becomes a `Failure` and a fallback.
 """
 from __future__ import annotations
@@ -34,30 +40,52 @@ from sol_control.decision import Decision, Failure, on_time_or_safe
 from sol_control.planners import FastPlanner, FullPrecisionPlanner, PlanResult
 from sol_control.policy import overruled, policy_failure
 
-PROBE_EVERY = 8  # after this many skipped runs of a planner in a row, run one to refresh its latency model
+PROBE_EVERY = 8  # after this many skipped runs of a planner in a row, the next decision runs it (a probe)
+MIN_FAST_SAMPLES = 8  # fewer measured fast runs than this: too few to judge, the fast path always runs
+RUN, SKIP, PROBE = "run", "skip", "probe"  # what a gate says about one planner for one decision
 
 
 class LatencyModel:
-    """Recent measured latencies of a planner; `estimate_ms` = p95 of the window times `safety`."""
+    """Measured latencies of a planner (ms); `estimate_ms` = a percentile of them times `safety`.
+
+    Live runs (`add`) fill a window of the newest `window`; warm-up runs (`seed`) stand in only
+    while there is no live run yet. `add(..., restart=True)` empties the window first (a probe
+    finished in time where the window said it would not)."""
 
     def __init__(self, window: int = 64):
-        self._ms: deque[float] = deque(maxlen=window)
+        self._ms: deque[float] = deque(maxlen=window)  # live runs (ms)
+        self._seed_ms: deque[float] = deque(maxlen=window)  # warm-up runs (ms), used while _ms is empty
         self._lock = threading.Lock()
 
-    def add(self, latency_ms: float) -> None:
+    def add(self, latency_ms: float, restart: bool = False) -> None:
         if math.isfinite(latency_ms) and latency_ms >= 0:
             with self._lock:
+                if restart:
+                    self._ms.clear()
                 self._ms.append(latency_ms)
+
+    def seed(self, latency_ms: float) -> None:
+        """A warm-up run: counts until the first live run, then no more."""
+        if math.isfinite(latency_ms) and latency_ms >= 0:
+            with self._lock:
+                self._seed_ms.append(latency_ms)
+
+    @property
+    def seeded(self) -> bool:
+        """True while the estimate rests on warm-up runs only."""
+        return not self._ms and bool(self._seed_ms)
 
     @property
     def count(self) -> int:
-        return len(self._ms)
+        """How many runs the estimate rests on (live ones, or the warm-up's before any)."""
+        return len(self._ms) or len(self._seed_ms)
 
     def estimate_ms(self, safety: float = 1.0, q: float = 95.0) -> float:
         with self._lock:
-            if not self._ms:
+            samples = self._ms or self._seed_ms
+            if not samples:
                 return math.inf  # never measured: assume it never fits
-            return float(np.percentile(np.fromiter(self._ms, float), q)) * safety
+            return float(np.percentile(np.fromiter(samples, float), q)) * safety
 
 
 def fast_budget(budget: Budget, cfg: NodeConfig, full_estimate_ms: float, fast_p95_ms: float = 0.0) -> Budget:
@@ -106,8 +134,9 @@ class DeadlineGuard:
         self.config = config  # returns the live config (runtime parameter changes apply at once)
         self.full_latency = LatencyModel()
         self.fast_latency = LatencyModel()
-        self._hopeless_in_row = 0
+        self._fast_skipped_in_row = 0
         self._full_skipped_in_row = 0
+        self.probes = {"fast": 0, "full_precision": 0}  # skipped paths run anyway (PROBE_EVERY)
         self.audit = audit
         self._rng = random.Random(0)
 
@@ -135,10 +164,11 @@ class DeadlineGuard:
                 self._maybe_audit(prefix, d, cfg)
                 return d
             fast = replace(fast, failure=rule)  # full precision where it matters: same path as a fallback
-        if self._full_would_miss(budget, cfg):
+        full_gate = self._full_gate(budget, cfg)
+        if full_gate == SKIP:
             return done(safe_default(self.task), "safe_default", fast, fast_failure=fast.failure,
                         full_failure=Failure("full_precision_would_miss"))
-        full = self._try_full(prefix, budget, cfg)
+        full = self._try_full(prefix, budget, cfg, probe=full_gate == PROBE)
         if full.action is None:
             return done(safe_default(self.task), "safe_default", fast, fast_failure=fast.failure,
                         full_failure=full.failure, full_ms=full.ms)
@@ -151,24 +181,24 @@ class DeadlineGuard:
         t0 = clock.now_ns()
         res = None
         try:
-            p95 = self.fast_latency.estimate_ms(q=95.0) if self.fast_latency.count >= 8 else 0.0
+            p95 = self.fast_latency.estimate_ms(q=95.0) if self.fast_latency.count >= MIN_FAST_SAMPLES else 0.0
             fb = fast_budget(budget, cfg, self._full_estimate(cfg), p95)
             if cfg.decoding.standard_only:
                 action, failure = None, Failure("standard_only")
             elif fb.expired():
                 action, failure = None, Failure("fast_no_budget")
-            elif self._fast_hopeless(fb):
+            elif (gate := self._fast_gate(fb)) == SKIP:
                 action, failure = None, Failure("fast_would_miss")  # not even its median run fits
             else:
                 res = self.fast.plan(prefix, fb, cfg.fault_injection)
-                if res.complete:
-                    self.fast_latency.add(res.latency_ms)
+                if res.complete:  # finished within fb; a probe that did proves the window stale
+                    self.fast_latency.add(res.latency_ms, restart=gate == PROBE)
                 action, failure = self._accept(res, self._min_confidence(cfg), cfg, "fast")
         except Exception as e:  # noqa: BLE001 - the control loop never lets an error escape
             action, failure = None, Failure("fast_error", type(e).__name__)
         return Attempt(action, failure, (clock.now_ns() - t0) / NS_PER_MS, res)
 
-    def _try_full(self, prefix: np.ndarray, budget: Budget, cfg: NodeConfig) -> Attempt:
+    def _try_full(self, prefix: np.ndarray, budget: Budget, cfg: NodeConfig, probe: bool = False) -> Attempt:
         clock = budget.clock
         t0 = clock.now_ns()
         margin_ns = int(cfg.deadline.publish_margin_ms * NS_PER_MS)
@@ -176,8 +206,8 @@ class DeadlineGuard:
         res = None
         try:
             res = self.full.plan(prefix, full_budget, cfg.fault_injection)
-            if res.complete:
-                self.full_latency.add(res.latency_ms)
+            if res.complete:  # finished in time; a probe that did proves the window stale
+                self.full_latency.add(res.latency_ms, restart=probe)
             action, failure = self._accept(res, self._full_min_confidence(cfg), cfg, "full_precision")
         except Exception as e:  # noqa: BLE001
             action, failure = None, Failure("full_precision_error", type(e).__name__)
@@ -206,33 +236,36 @@ class DeadlineGuard:
         # grasp: an unsure full-precision grasp is not executed (hold).
         return 0.0 if self.task == "qc" else cfg.grasp.min_confidence
 
-    def _fast_hopeless(self, fb: Budget) -> bool:
-        """True when the fast path's median recent latency does not fit `fb`. Every PROBE_EVERY-th
-        such decision runs anyway, so the latency model keeps learning when conditions improve."""
-        if self.fast_latency.count < 8 or fb.fits(self.fast_latency.estimate_ms(q=50.0)):
-            self._hopeless_in_row = 0
-            return False
-        self._hopeless_in_row += 1
-        if self._hopeless_in_row >= PROBE_EVERY:
-            self._hopeless_in_row = 0
-            return False
-        return True
+    def _fast_gate(self, fb: Budget) -> str:
+        """SKIP when the fast path's median recent latency does not fit `fb`; every PROBE_EVERY-th
+        such decision in a row is a PROBE instead (run within `fb`, so the model keeps learning
+        when conditions improve). RUN when it fits, or too few runs are known to judge."""
+        if self.fast_latency.count < MIN_FAST_SAMPLES or fb.fits(self.fast_latency.estimate_ms(q=50.0)):
+            self._fast_skipped_in_row = 0
+            return RUN
+        self._fast_skipped_in_row += 1
+        if self._fast_skipped_in_row < PROBE_EVERY:
+            return SKIP
+        self._fast_skipped_in_row = 0
+        self.probes["fast"] += 1
+        return PROBE
 
-    def _full_would_miss(self, budget: Budget, cfg: NodeConfig) -> bool:
-        """True when fp32's estimated latency does not fit what is left. Every PROBE_EVERY-th such
-        decision in a row runs it anyway (within the budget: an unfinished run is cut, labelled
+    def _full_gate(self, budget: Budget, cfg: NodeConfig) -> str:
+        """SKIP when fp32's estimated latency does not fit what is left; every PROBE_EVERY-th such
+        decision in a row is a PROBE instead (within the budget: an unfinished run is cut, labelled
         over budget and not measured), so an estimate inflated once (a slow warm-up under load)
-        cannot keep fp32 off for good; a measured estimate that was never made stays infinite."""
+        cannot keep fp32 off for good. RUN when it fits. Never measured: always SKIP."""
         if budget.fits(self._full_estimate(cfg) + cfg.deadline.publish_margin_ms):
             self._full_skipped_in_row = 0
-            return False
+            return RUN
         if self.full_latency.count == 0:
-            return True
+            return SKIP
         self._full_skipped_in_row += 1
-        if self._full_skipped_in_row >= PROBE_EVERY and budget.remaining_ms() > cfg.deadline.publish_margin_ms:
-            self._full_skipped_in_row = 0
-            return False
-        return True
+        if self._full_skipped_in_row < PROBE_EVERY or budget.remaining_ms() <= cfg.deadline.publish_margin_ms:
+            return SKIP
+        self._full_skipped_in_row = 0
+        self.probes["full_precision"] += 1
+        return PROBE
 
     def _full_estimate(self, cfg: NodeConfig) -> float:
         return self.full_latency.estimate_ms(cfg.deadline.full_precision_safety)
@@ -244,13 +277,15 @@ class DeadlineGuard:
 
     # -- warm-up ---------------------------------------------------------------------------------
     def measure_full(self, prefix: np.ndarray, budget: Budget | None = None) -> float:
-        """One unbudgeted full-precision run (warm-up): feeds the latency model, returns ms."""
+        """One unbudgeted full-precision run (warm-up): seeds the latency model, returns ms."""
         res = self.full.plan(prefix, budget or Budget.unlimited(), self.config().fault_injection)
-        self.full_latency.add(res.latency_ms)
+        self.full_latency.seed(res.latency_ms)
         return res.latency_ms
 
     def measure_fast(self, prefix: np.ndarray, budget: Budget | None = None) -> float:
-        """One unbudgeted fast run (warm-up): feeds the fast path's latency model, returns ms."""
-        res = self.fast.plan(prefix, budget or Budget.unlimited())
-        self.fast_latency.add(res.latency_ms)
+        """One unbudgeted fast run (warm-up): seeds the fast path's latency model, returns ms.
+        An injected delay applies as in `measure_full`; an injected raise does not (warm-up times)."""
+        faults = self.config().fault_injection.model_copy(update={"fast_raise": False})
+        res = self.fast.plan(prefix, budget or Budget.unlimited(), faults)
+        self.fast_latency.seed(res.latency_ms)
         return res.latency_ms
