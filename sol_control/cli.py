@@ -18,6 +18,7 @@ COMMANDS = {
     "soak": ("sol_control.bench.soak", "long run at 3x the nominal rate: memory, misses, p99"),
     "import": ("sol_control.lm.importer", "a GGUF, Hugging Face or ONNX model -> a verified LM bundle"),
     "generate": ("sol_control.lm.generate", "greedy text from a language model bundle (speculative with a draft)"),
+    "doctor": ("sol_control.doctor", "this PC: CPU, kernels, ms per decision per bundle and precision, do the deadlines hold"),
 }
 BENCHES = {
     "decode": ("sol_control.bench.decode_bench", "decoder: standard vs quantized vs speculative"),

@@ -21,6 +21,40 @@ def test_scaling_runs_past_the_trained_context_and_says_so():
         assert 0.0 <= r["fast_acceptance"] <= 1.0 and r["fast_mean_accepted"] >= 1.0
 
 
+def test_scaling_leaves_out_rows_longer_than_a_fused_graphs_kv_length_and_says_why():
+    bundle = Bundle.load(bundle_dir("qc"))  # fused graphs: their KV length is fixed when built
+    ctx = bundle.manifest.max_context
+    rows = scaling(bundle, lengths=(4,), prefix_lens=(8, ctx), rounds=1)
+    assert [(r["prefix_len"], r["new_tokens"]) for r in rows] == [(8, 4), (ctx, 4)]
+    assert "skipped" not in rows[0] and rows[0]["fast_tokens_per_s"] > 0
+    assert rows[1]["skipped"].startswith(f"needs {ctx + 4} KV positions; target_fp32's graph holds {ctx} ")
+
+
+def test_a_failing_stage_is_reported_and_the_others_still_run(capsys):
+    from argparse import Namespace
+
+    from sol_control.bench.report import markdown, run_stages
+
+    ran = []
+
+    def ok(name):
+        return lambda args, bundles, summary: ran.append(name)
+
+    def boom(args, bundles, summary):
+        raise ValueError("max_context must be in 1..64 (the graph's KV length), got 192")
+
+    stages = {"decode": ok("decode"), "peers": ok("peers"), "paired": ok("paired"), "scaling": boom,
+              "memory": ok("memory")}
+    summary = {"machine": {"cpu": "x", "cores": 2, "onnxruntime": "1", "date": "d", "isa": {"variant": "avx2"}},
+               "command": "c"}
+    run_stages(Namespace(skip=["peers"]), {}, summary, stages)
+    assert ran == ["decode", "memory"]  # peers skipped, and paired with it; scaling failed, memory still ran
+    assert summary["failed"] == {"scaling": "ValueError: max_context must be in 1..64 (the graph's KV length), got 192"}
+    assert "stage scaling failed" in capsys.readouterr().err
+    text = markdown(summary)
+    assert "**Stage scaling failed**: ValueError" in text and "native kernels avx2" in text
+
+
 def test_end_to_end_rounds_are_summarised_by_their_median_and_range():
     from sol_control.bench.node_bench import _median_run
 

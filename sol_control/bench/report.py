@@ -1,10 +1,14 @@
 """`sol-control bench all` (`make bench`): every benchmark into bench_report/ — JSON, PNG, Markdown.
 
 1. decode: standard vs quantized vs speculative on each shipped bundle's test-split decisions;
-2. end to end: image stamp -> decision received over DDS, standard vs ultrafast (node bench);
+2. e2e: image stamp -> decision received over DDS, standard vs ultrafast (node bench);
 3. peers: the same weights and token workloads in peer engines (if `make bench-peers` ran);
-4. scaling: tokens/s against decision length and prefix length; resident memory per precision.
-Ratios are always taken between rows measured in the same run.
+4. paired: ours against the best peer row, decision by decision;
+5. scaling: tokens/s against decision length and prefix length, within the graphs' KV length;
+6. memory: resident memory per decoder.
+Ratios are always taken between rows measured in the same run. A stage that fails is named in
+summary.json (`failed`) and the report; the stages after it still run, and the command exits 1.
+The machine block records the CPU, its instruction-set flags and the native kernel variant.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import platform
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -30,47 +35,76 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=Path("bench_report"), help="output folder")
     p.add_argument("--quick", action="store_true", help="fewer decisions, rounds and lengths")
     p.add_argument("--rounds", type=int, default=5, help="rounds per measurement (medians over rounds)")
-    p.add_argument("--skip", nargs="*", default=[], choices=["decode", "e2e", "peers", "scaling", "memory"],
-                   help="parts to leave out")
+    p.add_argument("--skip", nargs="*", default=[], choices=list(STAGES),
+                   help="stages to leave out (peers: also paired, which needs the best peer row)")
 
 
 # ---- scaling: decision length and prefix length ------------------------------------------------
 
-def scaling(bundle: Bundle, lengths=(8, 32, 128), prefix_lens=(8, 32, 64), rounds: int = 5) -> list[dict]:
-    """Decode tokens/s and ms per decision for standard and ultrafast as lengths grow. Sequences
-    longer than the bundle's `max_context` (64 for the shipped ones) run with larger KV buffers:
-    the rotary positions work at any length, so the cost is real, but the model never saw such
-    sequences, so the draft's acceptance there is not the trained one (`beyond_trained_context`)."""
+def scaling(bundle: Bundle, lengths=(8, 16, 32), prefix_lens=(8, 16, 32), rounds: int = 5) -> list[dict]:
+    """Decode tokens/s and ms per decision for standard and ultrafast as lengths grow. A row needs
+    a KV cache of prefix + tokens positions. Decoders in the Optimum layout take any length: past
+    the bundle's `max_context` they run with larger KV buffers (the rotary positions work at any
+    length, so the cost is real, but the model never saw such sequences, so the draft's acceptance
+    there is not the trained one: `beyond_trained_context`). A fused graph's KV length is fixed when
+    it is built (the shipped bundles': 64), so a row longer than it is left out, with the reason
+    (`skipped`)."""
     m = bundle.manifest
-    ctx = max(m.max_context, max(prefix_lens) + max(lengths))
-    fp32 = open_decoder(bundle, "target", "fp32", max_context=ctx)
-    fast_prec = "int4" if "int4" in m.target.precisions else "int8"
-    fast = open_decoder(bundle, "target", fast_prec, max_context=ctx)
-    draft = open_decoder(bundle, "draft", "int8" if "int8" in m.draft.precisions else "fp32", max_context=ctx)
+    fp32, fast, draft = _scaling_sessions(bundle, max(prefix_lens) + max(lengths))
+    limit = min(s.max_context for s in (fp32, fast, draft))
     base = decode_bench.decision_prefixes(bundle, 4)
     rows = []
     for plen in prefix_lens:
         for n_new in lengths:
-            prefixes = [_fit(p, plen, m) for p in base]
-            ctl = AdaptiveK()
-            res = {"std": [], "fast": []}
-            for _ in range(rounds):
-                for p in prefixes:
-                    res["std"].append(greedy(fp32, p, n_new).stats)
-                    res["fast"].append(speculate(draft, fast, p, n_new, controller=ctl).stats)
-            row = {"prefix_len": plen, "new_tokens": n_new, "beyond_trained_context": plen + n_new > m.max_context}
-            for key, stats in res.items():
-                row[f"{key}_decision_ms"] = pct([s.wall_ms for s in stats], 50)
-                row[f"{key}_tokens_per_s"] = sum(s.new_tokens for s in stats) / sum(s.wall_ms for s in stats) * 1e3
-                row[f"{key}_ttft_ms"] = pct([s.ttft_ms for s in stats], 50)
-            row["ratio_tokens"] = row["fast_tokens_per_s"] / row["std_tokens_per_s"]
-            spec = res["fast"]
-            row["fast_acceptance"] = sum(x.accepted for x in spec) / max(sum(x.proposed for x in spec), 1)
-            row["fast_mean_accepted"] = float(np.mean([x.mean_accepted for x in spec]))
-            rows.append(row)
+            if plen + n_new > limit:
+                short = min((fp32, fast, draft), key=lambda s: s.max_context)
+                rows.append({"prefix_len": plen, "new_tokens": n_new,
+                             "skipped": f"needs {plen + n_new} KV positions; {short.name}'s graph holds {limit} "
+                                        "(a fused graph's KV length is fixed when it is built)"})
+                continue
+            row = _scaling_row(fp32, fast, draft, [_fit(p, plen, m) for p in base], n_new, rounds)
+            rows.append({"prefix_len": plen, "new_tokens": n_new,
+                         "beyond_trained_context": plen + n_new > m.max_context, **row})
             progress(f"scaling {m.name}: prefix {plen}, {n_new} tokens: {row['ratio_tokens']:.1f}x")
     progress("", end="\n")
+    for r in rows:
+        if "skipped" in r:
+            print(f"scaling {m.name}: prefix {r['prefix_len']}, {r['new_tokens']} tokens left out: {r['skipped']}")
     return rows
+
+
+def _scaling_sessions(bundle: Bundle, want: int) -> tuple:
+    """The standard (fp32), ultrafast (int4, else int8) and draft decoders: Optimum-layout ones with
+    `want` KV positions, fused ones with the KV length their graph was built for."""
+    m = bundle.manifest
+
+    def session(role: str, precision: str):
+        optimum = bundle.decoder_layout(role, precision) == "optimum"
+        return open_decoder(bundle, role, precision, max_context=max(want, m.max_context) if optimum else None)
+
+    fast_prec = "int4" if "int4" in m.target.precisions else "int8"
+    draft_prec = "int8" if "int8" in m.draft.precisions else "fp32"
+    return session("target", "fp32"), session("target", fast_prec), session("draft", draft_prec)
+
+
+def _scaling_row(fp32, fast, draft, prefixes: list, n_new: int, rounds: int) -> dict:
+    """Standard (greedy on fp32) and ultrafast (draft-model speculation) over `prefixes`, `rounds` times."""
+    ctl = AdaptiveK()
+    res = {"std": [], "fast": []}
+    for _ in range(rounds):
+        for p in prefixes:
+            res["std"].append(greedy(fp32, p, n_new).stats)
+            res["fast"].append(speculate(draft, fast, p, n_new, controller=ctl).stats)
+    row = {}
+    for key, stats in res.items():
+        row[f"{key}_decision_ms"] = pct([s.wall_ms for s in stats], 50)
+        row[f"{key}_tokens_per_s"] = sum(s.new_tokens for s in stats) / sum(s.wall_ms for s in stats) * 1e3
+        row[f"{key}_ttft_ms"] = pct([s.ttft_ms for s in stats], 50)
+    row["ratio_tokens"] = row["fast_tokens_per_s"] / row["std_tokens_per_s"]
+    spec = res["fast"]
+    row["fast_acceptance"] = sum(x.accepted for x in spec) / max(sum(x.proposed for x in spec), 1)
+    row["fast_mean_accepted"] = float(np.mean([x.mean_accepted for x in spec]))
+    return row
 
 
 def _fit(prefix: np.ndarray, n: int, m) -> np.ndarray:
@@ -140,7 +174,7 @@ def plot_scaling(rows: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, len(rows), figsize=(6 * len(rows), 4), squeeze=False)
     for ax, (name, rs) in zip(axes[0], rows.items()):
         for plen in sorted({r["prefix_len"] for r in rs}):
-            sel = [r for r in rs if r["prefix_len"] == plen]
+            sel = [r for r in rs if r["prefix_len"] == plen and "skipped" not in r]
             n = [r["new_tokens"] for r in sel]
             ax.plot(n, [r["std_decision_ms"] for r in sel], "o--", label=f"standard, prefix {plen}")
             ax.plot(n, [r["fast_decision_ms"] for r in sel], "o-", label=f"ultrafast, prefix {plen}")
@@ -157,57 +191,101 @@ def plot_scaling(rows: dict, path: Path) -> None:
 # ---- the whole report ----------------------------------------------------------------------------
 
 def machine() -> dict:
+    """The host: CPU, cores, versions, date, and `isa` (native.isa.describe(): the instruction-set
+    flags the kernels use and the kernel variant the native pass runs here)."""
     import onnxruntime
+
+    from ..native import isa
 
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
     return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
-            "onnxruntime": onnxruntime.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+            "onnxruntime": onnxruntime.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "isa": isa.describe()}
+
+
+def _decode_stage(args, bundles: dict, summary: dict) -> None:
+    decode = summary["decode"] = {}
+    for name, b in bundles.items():
+        decode[name] = decode_bench.run_bench(b, 12 if args.quick else 40, args.rounds,
+                                              len(b.manifest.actions), 1, None)
+        decode_bench.print_report(decode[name])
+    plot_decode(decode, args.out / "decode_tokens_per_s.png")
+    g = decode["grasp"]
+    summary["ultrafast_vs_standard_tokens"] = g["ratios"]["ultrafast_vs_standard"]
+    summary["ultrafast_vs_standard_decision"] = g["ratios"]["ultrafast_vs_standard_decision"]
+    summary["ultrafast_vs_standard_decision_interleaved"] = g["ratios_interleaved"]["ultrafast_vs_standard_decision"]
+    summary["ultrafast_ceiling_tokens"] = g["ceiling_tokens"]
+
+
+def _e2e_stage(args, bundles: dict, summary: dict) -> None:
+    summary["e2e"] = _e2e(args)
+    if summary["e2e"]:
+        summary["ultrafast_vs_standard_e2e"] = summary["e2e"].get("ratio_p50")
+    if summary.get("decode") and summary["e2e"]:
+        summary["node_fast_path"] = node_fast_path(summary["decode"], summary["e2e"])
+
+
+def _peers_stage(args, bundles: dict, summary: dict) -> None:
+    summary["peers"] = {name: _peers(args, b) for name, b in bundles.items()}
+    for name, suffix in SUFFIXES.items():
+        summary.update(vs_best_peer(summary.get("decode", {}).get(name), summary["peers"][name].get("rows", []),
+                                    suffix))
+
+
+def _paired_stage(args, bundles: dict, summary: dict) -> None:
+    """The same ratio as vs_best_peer again, the two sides in alternating rounds (after the peers)."""
+    for name, suffix in SUFFIXES.items():
+        if f"best_peer{suffix}" in summary:
+            summary.update(paired.paired(bundles[name], summary[f"best_peer{suffix}"], 2 if args.quick else 4,
+                                         suffix, progress))
+
+
+def _scaling_stage(args, bundles: dict, summary: dict) -> None:
+    lengths = (8, 32) if args.quick else (8, 16, 32)
+    summary["scaling"] = {name: scaling(b, lengths=lengths, rounds=2 if args.quick else args.rounds)
+                          for name, b in bundles.items()}
+    plot_scaling(summary["scaling"], args.out / "scaling.png")
+
+
+def _memory_stage(args, bundles: dict, summary: dict) -> None:
+    summary["memory"] = {name: memory(b) for name, b in bundles.items()}
+
+
+SUFFIXES = {"grasp": "", "qc": "_qc"}  # bundle -> the suffix of its keys in summary.json
+# in this order; `--skip peers` leaves out the paired stage too (it needs the best peer row)
+STAGES = {"decode": _decode_stage, "e2e": _e2e_stage, "peers": _peers_stage, "paired": _paired_stage,
+          "scaling": _scaling_stage, "memory": _memory_stage}
+
+
+def run_stages(args, bundles: dict, summary: dict, stages: dict = STAGES) -> None:
+    """Every stage not skipped, in order. A stage that fails is recorded in `summary["failed"]`
+    (stage -> the error) with its traceback on stderr, and the next one runs."""
+    skip = set(args.skip) | ({"paired"} if "peers" in args.skip else set())
+    for name, stage in stages.items():
+        if name in skip:
+            continue
+        try:
+            stage(args, bundles, summary)
+        except Exception as e:  # noqa: BLE001 - any stage's error: report it, keep the others
+            traceback.print_exc()
+            summary.setdefault("failed", {})[name] = f"{type(e).__name__}: {e}"
+            print(f"bench all: stage {name} failed ({type(e).__name__}: {e}); the others still run", file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    bundles = {name: Bundle.load(default_bundle(name)) for name in ("grasp", "qc")}
+    bundles = {name: Bundle.load(default_bundle(name)) for name in SUFFIXES}
     summary: dict = {"machine": machine(), "command": "sol-control bench all" + (" --quick" if args.quick else "")}
-    decode = {}
-    if "decode" not in args.skip:
-        for name, b in bundles.items():
-            decode[name] = decode_bench.run_bench(b, 12 if args.quick else 40, args.rounds,
-                                                  len(b.manifest.actions), 1, None)
-            decode_bench.print_report(decode[name])
-        plot_decode(decode, out / "decode_tokens_per_s.png")
-        summary["decode"] = decode
-        g = decode["grasp"]["ratios"]
-        summary["ultrafast_vs_standard_tokens"] = g["ultrafast_vs_standard"]
-        summary["ultrafast_vs_standard_decision"] = g["ultrafast_vs_standard_decision"]
-        summary["ultrafast_vs_standard_decision_interleaved"] = decode["grasp"]["ratios_interleaved"][
-            "ultrafast_vs_standard_decision"]
-        summary["ultrafast_ceiling_tokens"] = decode["grasp"]["ceiling_tokens"]
-    if "e2e" not in args.skip:
-        summary["e2e"] = _e2e(args)
-        if summary["e2e"]:
-            summary["ultrafast_vs_standard_e2e"] = summary["e2e"].get("ratio_p50")
-    if decode and summary.get("e2e"):
-        summary["node_fast_path"] = node_fast_path(decode, summary["e2e"])
-    if "peers" not in args.skip:
-        summary["peers"] = {name: _peers(args, b) for name, b in bundles.items()}
-        for name, suffix in (("grasp", ""), ("qc", "_qc")):
-            summary.update(vs_best_peer(decode.get(name), summary["peers"][name].get("rows", []), suffix))
-            if f"best_peer{suffix}" in summary:  # the same ratio again, the two sides in alternating rounds
-                summary.update(paired.paired(bundles[name], summary[f"best_peer{suffix}"], 2 if args.quick else 4,
-                                             suffix, progress))
-    if "scaling" not in args.skip:
-        lengths = (8, 32) if args.quick else (8, 32, 128)
-        summary["scaling"] = {name: scaling(b, lengths=lengths, rounds=2 if args.quick else args.rounds)
-                              for name, b in bundles.items()}
-        plot_scaling(summary["scaling"], out / "scaling.png")
-    if "memory" not in args.skip:
-        summary["memory"] = {name: memory(b) for name, b in bundles.items()}
+    run_stages(args, bundles, summary)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
     (out / "README.md").write_text(markdown(summary))
     print(markdown(summary))
     print(f"wrote {out}/summary.json, {out}/README.md and plots")
+    if summary.get("failed"):
+        print(f"bench all: failed stages: {', '.join(summary['failed'])} (summary.json, \"failed\")", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -371,9 +449,11 @@ def _md_scaling_memory(s: dict) -> list[str]:
         body = [[r["prefix_len"], f"{r['new_tokens']}{'*' if r.get('beyond_trained_context') else ''}",
                  f"{r['std_decision_ms']:.2f}", f"{r['fast_decision_ms']:.2f}",
                  f"{r['std_tokens_per_s']:.0f}", f"{r['fast_tokens_per_s']:.0f}", f"{r['ratio_tokens']:.2f}x",
-                 f"{r.get('fast_acceptance', float('nan')):.2f}"] for r in rs]
+                 f"{r.get('fast_acceptance', float('nan')):.2f}"] for r in rs if "skipped" not in r]
         lines += [f"Scaling, {name} (* = longer than the trained context: real cost, untrained acceptance):",
-                  "```", table(head, body), "```", ""]
+                  "```", table(head, body), "```"]
+        lines += [f"- prefix {r['prefix_len']}, {r['new_tokens']} tokens left out: {r['skipped']}"
+                  for r in rs if "skipped" in r] + [""]
     for name, rs in s.get("memory", {}).items():
         body = [[r["decoder"], f"{r['file_mb']:.1f}", f"{r['rss_mb']:.1f}"] for r in rs]
         lines += [f"Resident memory, {name}:", "```", table(["decoder", "file MB", "RSS MB"], body), "```", ""]
@@ -381,9 +461,13 @@ def _md_scaling_memory(s: dict) -> list[str]:
 
 
 def markdown(s: dict) -> str:
+    m = s["machine"]
+    kernels = f", native kernels {m['isa']['variant']}" if m.get("isa") else ""
     lines = ["# sol_control benchmark report", "",
-             f"Machine: {s['machine']['cpu']}, {s['machine']['cores']} cores, ONNX Runtime "
-             f"{s['machine']['onnxruntime']}, {s['machine']['date']}. Command: `{s['command']}`.", ""]
+             f"Machine: {m['cpu']}, {m['cores']} cores{kernels}, ONNX Runtime "
+             f"{m['onnxruntime']}, {m['date']}. Command: `{s['command']}`.", ""]
+    lines += [f"**Stage {name} failed**: {error}" for name, error in s.get("failed", {}).items()]
+    lines += [""] if s.get("failed") else []
     for section in (_md_decode, _md_e2e, _md_peers, _md_scaling_memory):
         lines += section(s)
     return "\n".join(lines)

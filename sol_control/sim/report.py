@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 
@@ -19,6 +20,7 @@ def build_report(summary: dict, meta: dict, energy: dict | None = None) -> dict:
     qc, grasp = summary.get("qc", {}), summary.get("grasp", {})
     return {
         **meta,
+        "machine": machine(),
         "parts": summary["parts"],
         "qc_accuracy": summary["qc_accuracy"],
         "qc_accuracy_all_parts": summary["qc_accuracy_all"],
@@ -38,6 +40,7 @@ def build_report(summary: dict, meta: dict, energy: dict | None = None) -> dict:
         "deadline_hit_rate": summary["deadline_hit_rate"],
         "unlabelled_misses": summary["unlabelled_misses"],
         "fallback_rate": summary["fallback_rate"],
+        "fast_decision_share": fast_decision_share(summary["latency_by_source"]),
         "p50_ms": summary["p50_ms"], "p99_ms": summary["p99_ms"],
         "e2e_p50_ms": summary["e2e_p50_ms"], "e2e_p99_ms": summary["e2e_p99_ms"],
         "measured_p50_ms": summary["measured_p50_ms"], "measured_p99_ms": summary["measured_p99_ms"],
@@ -50,6 +53,12 @@ def build_report(summary: dict, meta: dict, energy: dict | None = None) -> dict:
         "energy": energy or {},
         **({"chaos": summary["chaos"]} if "chaos" in summary else {}),
     }
+
+
+def fast_decision_share(latency_by_source: dict) -> dict[str, float]:
+    """{task: share of its decisions the fast path made} (not `deadline.fast_share`, a budget share)."""
+    return {task: by.get("fast", {}).get("n", 0) / n
+            for task, by in latency_by_source.items() if (n := sum(s["n"] for s in by.values()))}
 
 
 def table(r: dict) -> str:
@@ -71,6 +80,7 @@ def table(r: dict) -> str:
         ("deadline hit rate", _pct(r["deadline_hit_rate"])),
         ("deadline misses not labelled", f"{r['unlabelled_misses']:7d}"),
         ("fallback rate (not fast)", _pct(r["fallback_rate"])),
+        *((f"  {task} decisions from the fast path", _pct(x)) for task, x in sorted(r.get("fast_decision_share", {}).items())),
         ("latency p50 / p99 (ms, node)", f"{_ms(r['p50_ms'])} / {_ms(r['p99_ms'])}"),
         ("image→decision out p50 / p99 (ms, DDS)", f"{_ms(r['e2e_p50_ms'])} / {_ms(r['e2e_p99_ms'])}"),
         ("image→decision back p50 / p99 (ms)", f"{_ms(r['measured_p50_ms'])} / {_ms(r['measured_p99_ms'])}"),
@@ -84,10 +94,24 @@ def table(r: dict) -> str:
         parts = [f"{k[:-3].replace('_', ' ')} {v:.1f}" for k, v in st.items()]
         rows.append((f"  {task} p50 ms by stage", ", ".join(parts)))
     rows += _policy_rows(r.get("policy", {})) + _energy_rows(r.get("energy", {}))
+    rows += _machine_rows(r.get("machine", {}))
     w, vw = max(len(k) for k, _ in rows), max(19, *(len(v) for _, v in rows))
     line = "+" + "-" * (w + 2) + "+" + "-" * (vw + 2) + "+"
     body = [f"| {k:<{w}} | {v:>{vw}} |" for k, v in rows]
     return "\n".join([line, *body, line])
+
+
+def machine() -> dict:
+    """This host's CPU, cores, instruction-set flags and native kernel variant (native.isa.describe())."""
+    from sol_control.native import isa
+
+    return {**isa.describe(), "cores": os.cpu_count()}
+
+
+def _machine_rows(m: dict) -> list[tuple[str, str]]:
+    if not m:
+        return []
+    return [("CPU / native kernel variant", f"{m['cpu']}, {m['cores']} cores / {m['variant']}")]
 
 
 def _policy_rows(p: dict) -> list[tuple[str, str]]:
