@@ -202,6 +202,7 @@ class Coprocessor:
             a = p.auditor
             out[task] = {
                 "fast_backend": p.fast.backend,  # "native" or "onnxruntime" (decoding.backend)
+                "fast_backend_info": getattr(p.fast.target, "backend_info", None),  # variant, measured times, why
                 "full_precision_estimate_ms": p.guard.full_latency.estimate_ms(),
                 "fast_p50_ms": p.guard.fast_latency.estimate_ms(q=50.0),
                 "fast_probes": p.guard.probes["fast"],  # skipped paths run anyway (guard.PROBE_EVERY)

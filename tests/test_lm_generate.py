@@ -135,12 +135,13 @@ def test_int4_generates_from_its_bundle(tiny, tmp_path):
     assert got["precision"] == "int4" and 1 <= len(got["tokens"]) <= 8
 
 
-def test_int4_prefills_through_the_int8_graph_when_the_bundle_has_it(tiny, tmp_path):
+def test_int4_prefills_through_the_int8_graph_when_the_bundle_has_it(tiny, tmp_path, monkeypatch):
     """With int8 beside int4, generate's int4 prompt runs through the int8 graph where the CPU runs
     int8 prefills faster (`default_prefill`: not on x86 without VNNI), and the report names the
     graph: its tokens are plain greedy on a session prefilling through that graph;
     `--prefill-precision int8` / `int4` pick the graph; a prefill precision the bundle lacks is
     refused."""
+    monkeypatch.setenv("SOL_CONTROL_BACKEND", "onnxruntime")  # "auto" would measure where the prefill runs
     from sol_control.decoding import greedy, open_decoder
     from sol_control.decoding.session import default_prefill
 

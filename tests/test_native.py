@@ -184,7 +184,9 @@ def test_the_backend_comes_from_the_argument_the_environment_or_auto(monkeypatch
     grasp = Bundle.load(MODELS / "grasp")
     monkeypatch.setenv("SOL_CONTROL_BACKEND", "onnxruntime")
     assert type(open_decoder(grasp, "target", "int8")) is FusedDecoderSession
-    assert isinstance(open_decoder(grasp, "target", "int8", backend="auto"), NativeDecoderSession)
+    # "auto" (the node's config default) yields to the operator's variable; "native" does not
+    assert type(open_decoder(grasp, "target", "int8", backend="auto")) is FusedDecoderSession
+    assert isinstance(open_decoder(grasp, "target", "int8", backend="native"), NativeDecoderSession)
     monkeypatch.setenv("SOL_CONTROL_BACKEND", "gpu")
     with pytest.raises(ValueError, match="SOL_CONTROL_BACKEND|backend must be"):
         open_decoder(grasp, "target", "int8")
@@ -225,10 +227,12 @@ def test_the_node_config_picks_the_backend():
     from sol_control.planners import FastPlanner
 
     grasp = Bundle.load(MODELS / "grasp")
-    fast = FastPlanner(grasp, 15, DecodingConfig(backend="auto"))
+    fast = FastPlanner(grasp, 15, DecodingConfig(backend="native"))
     slow = FastPlanner(grasp, 15, DecodingConfig(backend="onnxruntime"))
+    auto = FastPlanner(grasp, 15, DecodingConfig(backend="auto"))
     assert isinstance(fast.target, NativeDecoderSession) and not isinstance(slow.target, NativeDecoderSession)
     assert (fast.backend, slow.backend) == ("native", "onnxruntime")  # the node's diagnostics: fast_backend
+    assert auto.backend == auto.target.backend_info["backend"]  # measured on this host (test_backend_choice.py)
 
 
 # ---- an imported LM's int4 graph (the tiny Llama of tests/test_lm_heads.py, chained heads) ---------

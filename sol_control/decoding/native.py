@@ -3,7 +3,9 @@
 On our 2.9M-parameter policies an ONNX Runtime pass is mostly fixed cost: ~0.18 ms a call for the
 72 nodes of the grasp int8 graph, ~14 µs a row; on SmolLM2-135M its int4 kernels run at ~11 GB/s
 where one core reads ~30 GB/s (docs/BENCHMARKS.md, "The native backend"). The C pass computes the
-same graph, read from the same ONNX file, its weights packed once for AVX-512 VNNI.
+same graph, read from the same ONNX file, its weights packed once in the layout every kernel variant
+reads (generic C, AVX2, AVX-VNNI, AVX-512 VNNI, NEON dotprod: `sol_control.native.isa`; each session
+runs one, `variant`, bit-equal to generic C's; tests/test_native_isa.py).
 
 Two graph families, checked when a file loads (`NativeModel.from_onnx`; `NativeUnsupported` with
 the reason otherwise, and ONNX Runtime runs it):
@@ -20,7 +22,7 @@ the ORT session kept for its checks) whose calls run in C. It is exact by constr
 numbers never depend on the other rows of its call (exact integer GEMMs, float reductions in one
 fixed order), so a one-token pass equals the token's row in a verify pass and speculative decoding
 equals plain greedy. Its logits need not equal ONNX Runtime's bit for bit (its own exp, its own
-summation order; on the shipped graphs they did on the AVX-512 host, docs/BENCHMARKS.md):
+summation order; on the shipped graphs they differ by ~1e-6, docs/BENCHMARKS.md):
 `agrees_with_onnxruntime` compares them when a session opens, and `open_decoder` keeps ORT when
 they part (`MAX_RELATIVE_DIFF`).
 
@@ -153,8 +155,9 @@ def library_variant() -> str | None:
 
 
 def backend_choice(backend: str | None = None) -> str:
-    """The backend asked for: the argument, else SOL_CONTROL_BACKEND, else "auto"."""
-    choice = backend or os.environ.get("SOL_CONTROL_BACKEND", "") or "auto"
+    """The backend asked for: the argument unless it is None or "auto" (the config's default), else
+    SOL_CONTROL_BACKEND (an operator's override, also for the node), else "auto"."""
+    choice = backend if backend not in (None, "auto") else os.environ.get("SOL_CONTROL_BACKEND", "") or "auto"
     if choice not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {choice!r}")
     return choice

@@ -349,34 +349,33 @@ def open_decoder(bundle, role: str, precision: str, threads: int = 1, name: str 
     length, but the model never saw sequences past the manifest's `max_context`). `prefill_precision`:
     prefill chunks run through that precision's fused graph on the same cache (FusedDecoderSession's
     prefill graph), e.g. "int8" for an int4 target; both must be fused graphs. `backend` (default
-    SOL_CONTROL_BACKEND, else "auto"): "auto" runs a fused graph the native pass computes in C
-    (`decoding.native`: static-int8 policies, an imported LM's int4) and everything else on ONNX
-    Runtime; "native" insists (NativeUnsupported otherwise); "onnxruntime" never uses the native
-    pass."""
-    from .fused import FusedDecoderSession
-    from .native import NATIVE_PRECISIONS, backend_choice
+    SOL_CONTROL_BACKEND, else "auto"): "auto" measures a fused graph the native pass computes
+    (`decoding.native`: static-int8 policies, an imported LM's int4) on both backends and keeps the
+    native pass unless ONNX Runtime is at least 10 % faster, its prefill likewise
+    (`decoding.backend_choice`, remembered per host), and runs everything else on ONNX Runtime;
+    "native" insists (NativeUnsupported otherwise); "onnxruntime" never uses the native pass. The
+    session's `backend_info` says which backend runs it, why, and the times measured."""
+    from .backend_choice import info
+    from .native import backend_choice
 
     layout = bundle.decoder_layout(role, precision)
     path = bundle.decoder_path(role, precision, layout)
     name = name or f"{role}_{precision}"
     context = max_context or bundle.manifest.max_context
-    prefill = None
-    if prefill_precision not in (None, precision):
-        if layout != "fused" or bundle.decoder_layout(role, prefill_precision) != "fused":
-            raise ValueError(f"bundle {bundle.root}: a {prefill_precision} prefill for the {precision} {role} "
-                             "needs both in the fused layout")
-        prefill = bundle.decoder_path(role, prefill_precision, "fused")
+    if prefill_precision not in (None, precision) and (
+            layout != "fused" or bundle.decoder_layout(role, prefill_precision) != "fused"):
+        raise ValueError(f"bundle {bundle.root}: a {prefill_precision} prefill for the {precision} {role} "
+                         "needs both in the fused layout")
     choice = backend_choice(backend)
     if layout == "fused":
-        native = choice == "native" or (choice == "auto" and precision in NATIVE_PRECISIONS)
-        sess = _native_session(path, context, threads, name, prefill, choice) if native else None
-        sess = sess or FusedDecoderSession(path, context, threads=threads, name=name, prefill_path=prefill,
-                                           min_step_tokens=1 if role == "draft" else None)  # None: probe
+        prefill = prefill_precision if prefill_precision != precision else None
+        sess = _fused_session(bundle, role, precision, prefill, context, threads, name, choice, backend)
     elif choice == "native":
         raise ValueError(f"{path}: backend 'native' needs a fused graph, this one is {layout!r}")
     else:
         sess = DecoderSession(path, context, threads=threads, name=name,
                               min_step_tokens=1 if role == "draft" else None)
+        sess.backend_info = info("onnxruntime", None, f"an {layout}-layout graph runs on ONNX Runtime")
     if sess.vocab != bundle.manifest.vocab.size:
         raise ValueError(f"{path}: logits have {sess.vocab} entries, manifest vocab.size is "
                          f"{bundle.manifest.vocab.size}")
@@ -388,22 +387,64 @@ def open_decoder(bundle, role: str, precision: str, threads: int = 1, name: str 
     return sess
 
 
-def _native_session(path, context: int, threads: int, name: str, prefill, choice: str):
+def _fused_sha256(bundle, role: str, precision: str) -> str:
+    """The manifest's sha256 of a fused graph (checked against the file when the bundle loaded it)."""
+    spec = bundle.manifest.target if role == "target" else bundle.manifest.draft
+    return bundle.manifest.files[spec.fused[precision]].sha256
+
+
+def _fused_session(bundle, role: str, precision: str, prefill_precision: str | None, context: int, threads: int,
+                   name: str, choice: str, asked: str | None):
+    """A fused graph's session on the backend `choice` names: "auto" measures where the native pass
+    may run the graph (`backend_choice.open_auto`), "native" / "onnxruntime" are taken as they come."""
+    from . import backend_choice as bc
+    from .fused import FusedDecoderSession
+    from .native import NATIVE_PRECISIONS
+
+    path = bundle.decoder_path(role, precision, "fused")
+    prefill = bundle.decoder_path(role, prefill_precision, "fused") if prefill_precision else None
+
+    def open_onnxruntime():
+        return FusedDecoderSession(path, context, threads=threads, name=name, prefill_path=prefill,
+                                   min_step_tokens=1 if role == "draft" else None)  # None: probe
+
+    def open_native(with_prefill_graph: bool = True):
+        return _native_session(path, context, threads, name, prefill if with_prefill_graph else None)
+
+    if choice == "auto" and precision in NATIVE_PRECISIONS:
+        key = functools.partial(bc.cache_key, graph_sha256=_fused_sha256(bundle, role, precision), threads=threads,
+                                prefill_sha256=_fused_sha256(bundle, role, prefill_precision) if prefill else None)
+        guessed = role == "target" and bundle.manifest.target.guesses is not None
+        return bc.open_auto(open_native, open_onnxruntime, key, choose_prefill=not guessed)
+    sess = open_native() if choice == "native" else open_onnxruntime()
+    sess.backend_info = _unmeasured_info(choice, asked, precision, prefill is not None)
+    return sess
+
+
+def _unmeasured_info(choice: str, asked: str | None, precision: str, prefill_graph: bool) -> dict:
+    """`backend_info` of a fused session whose backend was asked for, or that only ONNX Runtime runs."""
+    from . import backend_choice as bc
+    from .native import NATIVE_PRECISIONS
+
+    if choice == "auto":
+        return bc.info("onnxruntime", None, f"auto: the native pass computes {' and '.join(NATIVE_PRECISIONS)} "
+                                            f"graphs, not {precision}")
+    why = f"asked for: {f'backend={asked!r}' if asked else f'SOL_CONTROL_BACKEND={choice}'}"
+    if choice == "onnxruntime":
+        return bc.info("onnxruntime", None, why)
+    return bc.info("native", bc.library_variant(), why, "onnxruntime" if prefill_graph else "native")
+
+
+def _native_session(path, context: int, threads: int, name: str, prefill):
     """A NativeDecoderSession when the graph and the build allow one and it computes what ONNX
-    Runtime computes on this graph (`agrees_with_onnxruntime`), else None ("auto") or
-    NativeUnsupported ("native"). `threads`: its ONNX Runtime sessions' (the prefill graph's) and
-    the C pass's wide linears' (OpenMP; one thread calls no OpenMP at all)."""
+    Runtime computes on this graph (`agrees_with_onnxruntime`), else NativeUnsupported. `threads`:
+    its ONNX Runtime sessions' (the prefill graph's) and the C pass's wide linears' (OpenMP; one
+    thread calls no OpenMP at all)."""
     from .native import MAX_RELATIVE_DIFF, NativeDecoderSession, NativeUnsupported
 
-    try:
-        sess = NativeDecoderSession(path, context, threads=threads, name=name, prefill_path=prefill)
-        diff = sess.agrees_with_onnxruntime()
-        if not diff <= MAX_RELATIVE_DIFF:
-            raise NativeUnsupported(f"{path}: the native pass parts from ONNX Runtime's (logits {diff:.3g} apart, "
-                                    f"relative; more than {MAX_RELATIVE_DIFF})")
-        return sess
-    except NativeUnsupported:
-        if choice == "native":
-            raise
-        return None
-
+    sess = NativeDecoderSession(path, context, threads=threads, name=name, prefill_path=prefill)
+    diff = sess.agrees_with_onnxruntime()
+    if not diff <= MAX_RELATIVE_DIFF:
+        raise NativeUnsupported(f"{path}: the native pass parts from ONNX Runtime's (logits {diff:.3g} apart, "
+                                f"relative; more than {MAX_RELATIVE_DIFF})")
+    return sess

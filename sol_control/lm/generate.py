@@ -39,6 +39,7 @@ class Generation:
     precision: str = "fp32"
     prefill_precision: str = "fp32"  # the graph that prefilled the prompt
     backend: str = "onnxruntime"  # what ran the target's decoding calls: "native" or "onnxruntime"
+    backend_info: dict | None = None  # the target session's: why that backend, the times measured
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -106,7 +107,6 @@ def generate(bundle: Bundle, prefix: list[int], max_new_tokens: int, precision: 
     this CPU. The prompt is prefilled through `prefill_precision`'s graph (default: `default_prefill`'s,
     int8 for an int4 target where that prefills faster on this CPU). `backend`: open_decoder's."""
     from sol_control.decoding import open_decoder
-    from sol_control.decoding.native import NativeDecoderSession
     from sol_control.decoding.session import default_prefill, fast_precision, reference_precision
 
     m = bundle.manifest
@@ -133,9 +133,10 @@ def generate(bundle: Bundle, prefix: list[int], max_new_tokens: int, precision: 
         gen = speculative(target, None, ids, max_new_tokens, stops, lookup)
     else:
         gen = plain_greedy(target, ids, max_new_tokens, stops, on_token)
-    gen.precision = precision
-    gen.prefill_precision = prefill or precision
-    gen.backend = "native" if isinstance(target, NativeDecoderSession) else "onnxruntime"
+    info = target.backend_info
+    gen.precision, gen.backend, gen.backend_info = precision, info["backend"], info
+    # the prefill graph ran unless open_decoder measured the C pass's own prefill faster
+    gen.prefill_precision = prefill if prefill and info["prefill"] == "onnxruntime" else precision
     return gen
 
 
@@ -183,11 +184,13 @@ def add_arguments(p) -> None:
                         "on this CPU (int4 where the native pass runs, else int8 with VNNI, else int4)")
     p.add_argument("--prefill-precision", choices=("fp32", "int8", "int4"), default=None,
                    help="the graph that prefills the prompt (default: int8 for an int4 target when the bundle "
-                        "has it, except on x86 CPUs without VNNI, else the target's own)")
+                        "has it, except on x86 CPUs without VNNI, else the target's own); with --backend auto on "
+                        "the native pass, only where it measured faster than the C pass's own prefill")
     p.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads")
     p.add_argument("--backend", choices=("auto", "native", "onnxruntime"), default=None,
-                   help="what runs the target (default SOL_CONTROL_BACKEND, else auto: the native C pass for "
-                        "the graphs it computes, ONNX Runtime for the rest)")
+                   help="what runs the target (default SOL_CONTROL_BACKEND, else auto: for the graphs the native "
+                        "C pass computes, both timed once per host and the C pass kept unless ONNX Runtime is 10%% "
+                        "faster; ONNX Runtime for the rest)")
     p.add_argument("--lookup", type=int, default=0,
                    help="up to N prompt-lookup guesses where the text repeats (0 = off): beside the draft "
                         "heads, or alone on a bundle with neither heads nor a draft model")
@@ -209,14 +212,16 @@ def run(args) -> int:
     if tok is None:
         print(",".join(str(t) for t in gen.tokens))
     tps = gen.decode_tokens_per_s
-    print(f"\n[{gen.mode}, {gen.precision} on {gen.backend}, prefill {gen.prefill_precision}] prompt {len(ids)} tokens, {len(gen.tokens)} new"
-          f"{' (stop id)' if gen.stopped else ''}; TTFT {gen.ttft_ms:.1f} ms, decode {tps:.1f} tokens/s, "
+    variant = (gen.backend_info or {}).get("variant") if gen.backend == "native" else None
+    on = f"{gen.backend} ({variant})" if variant else gen.backend
+    print(f"\n[{gen.mode}, {gen.precision} on {on}, prefill {gen.prefill_precision}] prompt {len(ids)} tokens, "
+          f"{len(gen.tokens)} new{' (stop id)' if gen.stopped else ''}; TTFT {gen.ttft_ms:.1f} ms, decode {tps:.1f} tokens/s, "
           f"mean accepted {gen.mean_accepted:.2f} per step", file=sys.stderr)
     if args.json:
         report = {"tokens": gen.tokens, "ttft_ms": round(gen.ttft_ms, 3),
                   "decode_tokens_per_s": None if math.isnan(tps) else round(tps, 3),
                   "mean_accepted": round(gen.mean_accepted, 4), "stopped": gen.stopped, "mode": gen.mode,
                   "precision": gen.precision, "prefill_precision": gen.prefill_precision, "backend": gen.backend,
-                  "prompt_tokens": len(ids)}
+                  "backend_info": gen.backend_info, "prompt_tokens": len(ids)}
         Path(args.json).write_text(json.dumps(report) + "\n")
     return 0

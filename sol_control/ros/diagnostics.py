@@ -3,8 +3,9 @@
 Per task: decisions/s, latency p50/p99 (sensor stamp -> decision), deadline hit rate, decisions by
 source, fallbacks by the fast path's failure, safe defaults by final reason, speculative
 acceptance, audit agreement, the per-class policy's routes, CPU ms and joules per decision by
-source. Node-wide: rejected inputs by reason, superseded frames, offered deadline misses, sensor
-timeout, lifecycle state and configure errors, how joules are obtained (measured or estimated).
+source, the fast path's backend (its kernel variant and the times that chose it). Node-wide:
+rejected inputs by reason, superseded frames, offered deadline misses, sensor timeout, lifecycle
+state and configure errors, how joules are obtained (measured or estimated).
 Statuses are named `<line>/sol_control: <task>` with hardware_id `<line>` for a node in namespace
 `/<line>` (several lines on one /diagnostics), `sol_control: <task>` in the root namespace.
 """
@@ -141,12 +142,38 @@ class NodeStats:
                 kv += [(f"fallback.{k}", v) for k, v in sorted(t.fallbacks.items())]
                 kv += [(f"safe_default.{k}", v) for k, v in sorted(t.safe_defaults.items())]
                 kv += t.policy_and_energy(energy)
-                kv += [(k, f"{v:.4f}" if isinstance(v, float) else v) for k, v in extra.get(task, {}).items()]
+                kv += _extra_kv(extra.get(task, {}))
                 level = DiagnosticStatus.OK
                 if t.met and hit < 0.999:
                     level = DiagnosticStatus.WARN
                 out.status.append(_status(level, f"{name}: {task}", f"hit rate {hit:.4f}", kv, hardware_id))
         return out
+
+
+def backend_kv(info: dict | None) -> list[tuple[str, object]]:
+    """The fast path's backend choice (its session's `backend_info`) as key-values: the native
+    kernel variant, why, whether the host's cache answered, where prefills run, and the ms per call
+    measured on each backend (`fast_step_ms.native`, `fast_step_ms.onnxruntime`, ...)."""
+    if not info:
+        return []
+    kv: list[tuple[str, object]] = [
+        ("fast_backend_variant", info.get("variant") or "none"), ("fast_backend_reason", info.get("reason", "")),
+        ("fast_backend_cached", bool(info.get("cached"))), ("fast_prefill_backend", info.get("prefill") or "none")]
+    for what in ("step_ms", "verify_ms", "prefill_ms"):
+        kv += [(f"fast_{what}.{backend}", f"{ms:.4f}") for backend, ms in sorted((info.get(what) or {}).items())]
+    return kv
+
+
+def _extra_kv(extra: dict) -> list[tuple[str, object]]:
+    """A task's values from the core (Coprocessor.stats): floats to 4 decimals, the fast path's
+    `fast_backend_info` spelled out (`backend_kv`)."""
+    kv: list[tuple[str, object]] = []
+    for k, v in extra.items():
+        if k == "fast_backend_info":
+            kv += backend_kv(v)
+        else:
+            kv.append((k, f"{v:.4f}" if isinstance(v, float) else v))
+    return kv
 
 
 def _status(level: bytes, name: str, message: str, kv: list[tuple[str, object]],
