@@ -187,6 +187,9 @@ def test_the_backend_comes_from_the_argument_the_environment_or_auto(monkeypatch
     # "auto" (the node's config default) yields to the operator's variable; "native" does not
     assert type(open_decoder(grasp, "target", "int8", backend="auto")) is FusedDecoderSession
     assert isinstance(open_decoder(grasp, "target", "int8", backend="native"), NativeDecoderSession)
+    monkeypatch.setenv("SOL_CONTROL_BACKEND", "native")  # where the native pass computes the graph
+    assert isinstance(open_decoder(grasp, "target", "int8"), NativeDecoderSession)
+    assert type(open_decoder(grasp, "target", "fp32")) is FusedDecoderSession
     monkeypatch.setenv("SOL_CONTROL_BACKEND", "gpu")
     with pytest.raises(ValueError, match="SOL_CONTROL_BACKEND|backend must be"):
         open_decoder(grasp, "target", "int8")

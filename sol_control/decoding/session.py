@@ -353,10 +353,11 @@ def open_decoder(bundle, role: str, precision: str, threads: int = 1, name: str 
     (`decoding.native`: static-int8 policies, an imported LM's int4) on both backends and keeps the
     native pass unless ONNX Runtime is at least 10 % faster, its prefill likewise
     (`decoding.backend_choice`, remembered per host), and runs everything else on ONNX Runtime;
-    "native" insists (NativeUnsupported otherwise); "onnxruntime" never uses the native pass. The
+    "native" insists (NativeUnsupported otherwise; SOL_CONTROL_BACKEND=native only where the native pass
+    computes the graph, ONNX Runtime elsewhere); "onnxruntime" never uses the native pass. The
     session's `backend_info` says which backend runs it, why, and the times measured."""
     from .backend_choice import info
-    from .native import backend_choice
+    from .native import NATIVE_PRECISIONS, backend_choice
 
     layout = bundle.decoder_layout(role, precision)
     path = bundle.decoder_path(role, precision, layout)
@@ -367,6 +368,8 @@ def open_decoder(bundle, role: str, precision: str, threads: int = 1, name: str 
         raise ValueError(f"bundle {bundle.root}: a {prefill_precision} prefill for the {precision} {role} "
                          "needs both in the fused layout")
     choice = backend_choice(backend)
+    if choice == "native" and backend != "native" and (layout != "fused" or precision not in NATIVE_PRECISIONS):
+        choice = "onnxruntime"  # SOL_CONTROL_BACKEND=native: the native pass wherever it computes the graph
     if layout == "fused":
         prefill = prefill_precision if prefill_precision != precision else None
         sess = _fused_session(bundle, role, precision, prefill, context, threads, name, choice, backend)

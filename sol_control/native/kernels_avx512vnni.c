@@ -153,13 +153,7 @@ static int avx512_argmax(const float *x, int n) {
     }
     _mm512_storeu_ps(top, tv);
     _mm512_storeu_si512((void *)at, av);
-    int best = at[0];
-    float m = top[0];
-    for (int l = 1; l < 16; l++)
-        if (top[l] > m || (top[l] == m && at[l] < best)) { m = top[l]; best = at[l]; }
-    for (; i < n; i++)
-        if (x[i] > m) { m = x[i]; best = i; }
-    return best;
+    return argmax_lanes(top, at, x, i, n);
 }
 
 const Kernels sol_kernels_avx512vnni = {

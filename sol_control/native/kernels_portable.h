@@ -52,21 +52,7 @@ static inline v16 select16(v16i mask, v16 c, v16 d) { return (v16)(((v16i)c & ma
 static inline v16 splat16(float x) { return (v16){0} + x; }
 
 /* exp(x) for x <= 0 down to about -87 (softmax and sigmoid arguments are clamped): 2^n * p(r),
- * r = x - n ln2 in [-ln2/2, ln2/2], a degree-6 polynomial, ~2 ulp. fast_exp16 is the same, 16 lanes. */
-static inline float fast_exp(float x) {
-    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-    float n = round_even(x * 1.44269504f);
-    float r = x - n * 0.693145752f - n * 1.42860677e-6f;
-    float p = 1.0f / 720 * r + 1.0f / 120;
-    p = p * r + 1.0f / 24;
-    p = p * r + 1.0f / 6;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    union { float f; int32_t i; } s = {.i = ((int32_t)n + 127) << 23};
-    return p * s.f;
-}
-
+ * r = x - n ln2 in [-ln2/2, ln2/2], a degree-6 polynomial, ~2 ulp; 16 lanes, or one. */
 static inline v16 fast_exp16(v16 x) {
     x = select16(x < -87.0f, splat16(-87.0f), select16(x > 88.0f, splat16(88.0f), x));
     v16 n = (x * 1.44269504f + ROUND_MAGIC) - ROUND_MAGIC;
@@ -80,6 +66,8 @@ static inline v16 fast_exp16(v16 x) {
     v16i e = (__builtin_convertvector(n, v16i) + 127) << 23;
     return p * (v16)e;
 }
+
+static inline float fast_exp(float x) { return fast_exp16(splat16(x))[0]; }  /* one lane: the same numbers */
 
 static inline float silu(float x) { return x / (1.0f + fast_exp(-x)); }
 static inline v16 silu16(v16 x) { return x / (1.0f + fast_exp16(-x)); }
@@ -132,6 +120,17 @@ static inline void portable_quantize_blocks(const float *x, int8_t *q, int k, fl
     }
 }
 
+/* the end of an argmax: the 16 lanes' largest with the smallest index, then x [i, n) one by one */
+static inline int argmax_lanes(const float *top, const int *at, const float *x, int i, int n) {
+    int best = at[0];
+    float m = top[0];
+    for (int l = 1; l < 16; l++)
+        if (top[l] > m || (top[l] == m && at[l] < best)) { m = top[l]; best = at[l]; }
+    for (; i < n; i++)
+        if (x[i] > m) { m = x[i]; best = i; }
+    return best;
+}
+
 /* the first largest, as ONNX ArgMax: 16 lanes each keep their first largest, then the lanes'
  * largest with the smallest index */
 static inline int portable_argmax(const float *x, int n) {
@@ -144,13 +143,7 @@ static inline int portable_argmax(const float *x, int n) {
             top[l] = more ? x[i + l] : top[l];
             at[l] = more ? i + l : at[l];
         }
-    int best = at[0];
-    float m = top[0];
-    for (int l = 1; l < 16; l++)
-        if (top[l] > m || (top[l] == m && at[l] < best)) { m = top[l]; best = at[l]; }
-    for (; i < n; i++)
-        if (x[i] > m) { m = x[i]; best = i; }
-    return best;
+    return argmax_lanes(top, at, x, i, n);
 }
 
 /* the largest softmax probability of a row whose largest value is m: 1 / sum exp(x - m) */

@@ -176,13 +176,7 @@ static int argmax_256(const float *x, int n) {
     }
     _mm256_storeu_ps(top, t0), _mm256_storeu_ps(top + 8, t1);
     _mm256_storeu_si256((__m256i *)at, a0), _mm256_storeu_si256((__m256i *)(at + 8), a1);
-    int best = at[0];
-    float m = top[0];
-    for (int l = 1; l < 16; l++)
-        if (top[l] > m || (top[l] == m && at[l] < best)) { m = top[l]; best = at[l]; }
-    for (; i < n; i++)
-        if (x[i] > m) { m = x[i]; best = i; }
-    return best;
+    return argmax_lanes(top, at, x, i, n);
 }
 
 #define TABLE_NAME2(v) sol_kernels_##v
