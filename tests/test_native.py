@@ -174,6 +174,8 @@ def test_other_graphs_are_declined_and_run_on_onnxruntime(tmp_path):
             NativeDecoderSession(path)
     grasp = Bundle.load(MODELS / "grasp")
     assert type(open_decoder(grasp, "target", "fp32")) is FusedDecoderSession
+    int4 = open_decoder(grasp, "target", "int4")  # zero points: not a graph the native pass computes
+    assert type(int4) is FusedDecoderSession and "zero points" in int4.backend_info["reason"]
     with pytest.raises(NativeUnsupported):
         open_decoder(grasp, "target", "int4", backend="native")
     with pytest.raises(ValueError, match="backend must be one of"):
@@ -190,6 +192,8 @@ def test_the_backend_comes_from_the_argument_the_environment_or_auto(monkeypatch
     monkeypatch.setenv("SOL_CONTROL_BACKEND", "native")  # where the native pass computes the graph
     assert isinstance(open_decoder(grasp, "target", "int8"), NativeDecoderSession)
     assert type(open_decoder(grasp, "target", "fp32")) is FusedDecoderSession
+    int4 = open_decoder(grasp, "target", "int4")  # zero points: not a graph the native pass computes
+    assert type(int4) is FusedDecoderSession and "zero points" in int4.backend_info["reason"]
     monkeypatch.setenv("SOL_CONTROL_BACKEND", "gpu")
     with pytest.raises(ValueError, match="SOL_CONTROL_BACKEND|backend must be"):
         open_decoder(grasp, "target", "int8")

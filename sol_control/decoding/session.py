@@ -357,7 +357,7 @@ def open_decoder(bundle, role: str, precision: str, threads: int = 1, name: str 
     computes the graph, ONNX Runtime elsewhere); "onnxruntime" never uses the native pass. The
     session's `backend_info` says which backend runs it, why, and the times measured."""
     from .backend_choice import info
-    from .native import NATIVE_PRECISIONS, backend_choice
+    from .native import backend_choice
 
     layout = bundle.decoder_layout(role, precision)
     path = bundle.decoder_path(role, precision, layout)
@@ -368,7 +368,7 @@ def open_decoder(bundle, role: str, precision: str, threads: int = 1, name: str 
         raise ValueError(f"bundle {bundle.root}: a {prefill_precision} prefill for the {precision} {role} "
                          "needs both in the fused layout")
     choice = backend_choice(backend)
-    if choice == "native" and backend != "native" and (layout != "fused" or precision not in NATIVE_PRECISIONS):
+    if choice == "native" and backend != "native" and layout != "fused":
         choice = "onnxruntime"  # SOL_CONTROL_BACKEND=native: the native pass wherever it computes the graph
     if layout == "fused":
         prefill = prefill_precision if prefill_precision != precision else None
@@ -402,7 +402,7 @@ def _fused_session(bundle, role: str, precision: str, prefill_precision: str | N
     may run the graph (`backend_choice.open_auto`), "native" / "onnxruntime" are taken as they come."""
     from . import backend_choice as bc
     from .fused import FusedDecoderSession
-    from .native import NATIVE_PRECISIONS
+    from .native import NATIVE_PRECISIONS, NativeUnsupported
 
     path = bundle.decoder_path(role, precision, "fused")
     prefill = bundle.decoder_path(role, prefill_precision, "fused") if prefill_precision else None
@@ -419,7 +419,15 @@ def _fused_session(bundle, role: str, precision: str, prefill_precision: str | N
                                 prefill_sha256=_fused_sha256(bundle, role, prefill_precision) if prefill else None)
         guessed = role == "target" and bundle.manifest.target.guesses is not None
         return bc.open_auto(open_native, open_onnxruntime, key, choose_prefill=not guessed)
-    sess = open_native() if choice == "native" else open_onnxruntime()
+    if choice == "native" and asked != "native":  # SOL_CONTROL_BACKEND=native: where the native pass computes it
+        try:
+            sess = open_native()
+        except NativeUnsupported as e:
+            sess = open_onnxruntime()
+            sess.backend_info = bc.info("onnxruntime", None, f"SOL_CONTROL_BACKEND=native, but {e}")
+            return sess
+    else:
+        sess = open_native() if choice == "native" else open_onnxruntime()
     sess.backend_info = _unmeasured_info(choice, asked, precision, prefill is not None)
     return sess
 
