@@ -440,7 +440,7 @@ def _unmeasured_info(choice: str, asked: str | None, precision: str, prefill_gra
     if choice == "auto":
         return bc.info("onnxruntime", None, f"auto: the native pass computes {' and '.join(NATIVE_PRECISIONS)} "
                                             f"graphs, not {precision}")
-    why = f"asked for: {f'backend={asked!r}' if asked else f'SOL_CONTROL_BACKEND={choice}'}"
+    why = f"asked for: {f'backend={asked!r}' if asked not in (None, 'auto') else f'SOL_CONTROL_BACKEND={choice}'}"
     if choice == "onnxruntime":
         return bc.info("onnxruntime", None, why)
     return bc.info("native", bc.library_variant(), why, "onnxruntime" if prefill_graph else "native")

@@ -1,9 +1,9 @@
 """Compile the native pass: `python sol_control/native/build.py [OUT]` (default: libsolfused.so beside it).
 
-One library serves every CPU of its architecture: fused_pass.c (the walk through the model),
-dispatch.c (the CPU probe) and kernels_generic.c build for the baseline; each kernels_*.c builds
-with its own instruction-set flags, and the probe picks the best table the CPU runs when the
-library loads (`sol_control.native.isa` says the same in Python). Every file builds with
+One library serves every CPU of its architecture: fused_pass.c (the entry points), dispatch.c (the
+CPU probe) and kernels_generic.c build for the baseline; each kernels_*.c builds with its own
+instruction-set flags, the walk through the model (walk.h) compiled into it, and the probe picks the
+best table the CPU runs when the library loads (`sol_control.native.isa` says the same in Python). Every file builds with
 -ffp-contract=off: no float operation is fused unless the code says so, so every variant computes
 generic C's numbers.
 
@@ -24,7 +24,6 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SOURCE = HERE / "fused_pass.c"
 LIBRARY_NAME = "libsolfused.so"
 COMMON = ["-O3", "-std=gnu11", "-ffp-contract=off", "-fPIC", "-Wall", "-Werror", "-Wno-psabi"]
 AVX512 = ["-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"]

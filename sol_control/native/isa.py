@@ -1,7 +1,7 @@
 """Which kernel variant of the native pass this CPU runs: the names, the CPU flags each needs, the probe.
 
-The C library holds every variant of its architecture (fused_pass.c walks the model, kernels_*.c
-compute); it probes the CPU itself when it loads and fills its kernel table with the best variant
+The C library holds every variant of its architecture (kernels_*.c, each with the walk through the
+model, walk.h, compiled in); it probes the CPU itself when it loads and fills its kernel table with the best variant
 the CPU runs. This module says the same in Python, for messages, reports and `sol-control doctor`:
 the variants in order of preference, the /proc/cpuinfo flags each needs, and which of them
 `SOL_CONTROL_ISA` may force (a variant the CPU lacks is refused, naming the missing flags).

@@ -156,7 +156,12 @@ static int avx512_argmax(const float *x, int n) {
     return argmax_lanes(top, at, x, i, n);
 }
 
+DECLARE_WALK
+
 const Kernels sol_kernels_avx512vnni = {
     .name = "avx512vnni", .gemm_s8 = avx512_gemm_s8, .q4_rows = q4_rows, .quantize = avx512_quantize,
-    .argmax = avx512_argmax, PORTABLE_FLOAT_KERNELS,
+    .argmax = avx512_argmax, PORTABLE_FLOAT_KERNELS, .run = walk_run,
 };
+
+#define THIS (&sol_kernels_avx512vnni)
+#include "walk.h"

@@ -54,7 +54,12 @@ static void generic_q4_rows(const Linear *L, const int8_t *q, const float *xs, c
         }
 }
 
+DECLARE_WALK
+
 const Kernels sol_kernels_generic = {
     .name = "generic", .gemm_s8 = generic_gemm_s8, .q4_rows = generic_q4_rows, .quantize = portable_quantize,
-    .argmax = portable_argmax, PORTABLE_FLOAT_KERNELS,
+    .argmax = portable_argmax, PORTABLE_FLOAT_KERNELS, .run = walk_run,
 };
+
+#define THIS (&sol_kernels_generic)
+#include "walk.h"

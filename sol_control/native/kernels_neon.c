@@ -99,7 +99,12 @@ static void neon_q4_rows(const Linear *L, const int8_t *q, const float *xs, cons
     switch (R) { Q4_CASE(1) Q4_CASE(2) Q4_CASE(3) Q4_CASE(4) Q4_CASE(5) Q4_CASE(6) Q4_CASE(7) Q4_CASE(8) }
 }
 
+DECLARE_WALK
+
 const Kernels sol_kernels_neon = {
     .name = "neon", .gemm_s8 = neon_gemm_s8, .q4_rows = neon_q4_rows, .quantize = portable_quantize,
-    .argmax = portable_argmax, PORTABLE_FLOAT_KERNELS,
+    .argmax = portable_argmax, PORTABLE_FLOAT_KERNELS, .run = walk_run,
 };
+
+#define THIS (&sol_kernels_neon)
+#include "walk.h"

@@ -1,8 +1,9 @@
 /* The float parts of the pass, written once in portable C (GCC vector extensions) and compiled into
  * every variant with that variant's flags: each variant's table points at its own copy. The order
- * of every sum is fixed here (16 lanes, then a fixed tree), nothing is contracted into an FMA
- * (-ffp-contract=off), so every variant gets these numbers bit for bit; they are the reference's.
- * Included by fused_pass.c (the helpers it needs) and by each kernels_*.c. */
+ * of every sum is fixed here (16 lanes, then a fixed tree); the compiler contracts nothing
+ * (-ffp-contract=off) and the attention sweeps fuse where the code says so (fma16: fmaf per lane,
+ * one vfmadd / fmla where the variant has FMA), so every variant gets these numbers bit for bit;
+ * they are the reference's. Included by each kernels_*.c (and walk.h through it). */
 #ifndef SOL_KERNELS_PORTABLE_H
 #define SOL_KERNELS_PORTABLE_H
 
@@ -50,6 +51,12 @@ static inline float round_even(float x) { return (x + ROUND_MAGIC) - ROUND_MAGIC
 static inline v16 round_even16(v16 x) { return (x + ROUND_MAGIC) - ROUND_MAGIC; }
 static inline v16 select16(v16i mask, v16 c, v16 d) { return (v16)(((v16i)c & mask) | ((v16i)d & ~mask)); }
 static inline v16 splat16(float x) { return (v16){0} + x; }
+/* a + b x c per lane, fused (fmaf: one rounding), as every variant's FMA instruction computes it */
+static inline v16 fma16(v16 a, float b, v16 c) {
+    v16 r;
+    for (int l = 0; l < 16; l++) r[l] = __builtin_fmaf(b, c[l], a[l]);
+    return r;
+}
 
 /* exp(x) for x <= 0 down to about -87 (softmax and sigmoid arguments are clamped): 2^n * p(r),
  * r = x - n ln2 in [-ln2/2, ln2/2], a degree-6 polynomial, ~2 ulp; 16 lanes, or one. */
@@ -67,7 +74,19 @@ static inline v16 fast_exp16(v16 x) {
     return p * (v16)e;
 }
 
-static inline float fast_exp(float x) { return fast_exp16(splat16(x))[0]; }  /* one lane: the same numbers */
+static inline float fast_exp(float x) {  /* one lane of fast_exp16, the same operations */
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    float n = round_even(x * 1.44269504f);
+    float r = x - n * 0.693145752f - n * 1.42860677e-6f;
+    float p = 1.0f / 720 * r + 1.0f / 120;
+    p = p * r + 1.0f / 24;
+    p = p * r + 1.0f / 6;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    union { float f; int32_t i; } s = {.i = ((int32_t)n + 127) << 23};
+    return p * s.f;
+}
 
 static inline float silu(float x) { return x / (1.0f + fast_exp(-x)); }
 static inline v16 silu16(v16 x) { return x / (1.0f + fast_exp16(-x)); }
@@ -197,10 +216,10 @@ static inline __attribute__((always_inline)) void score_sweep(const float *const
             v16 k0 = load16(k), k1 = load16(k + Ct), k2 = load16(k + 2 * Ct), k3 = load16(k + 3 * Ct);
 #pragma GCC unroll 6
             for (int i = 0; i < nq; i++) {
-                a[i][0] += q[i][d] * k0;
-                a[i][1] += q[i][d + 1] * k1;
-                a[i][2] += q[i][d + 2] * k2;
-                a[i][3] += q[i][d + 3] * k3;
+                a[i][0] = fma16(a[i][0], q[i][d], k0);
+                a[i][1] = fma16(a[i][1], q[i][d + 1], k1);
+                a[i][2] = fma16(a[i][2], q[i][d + 2], k2);
+                a[i][3] = fma16(a[i][3], q[i][d + 3], k3);
             }
         }
 #pragma GCC unroll 6
@@ -222,10 +241,10 @@ static inline __attribute__((always_inline)) void value_sweep(const float *const
             v16 v0 = load16(v), v1 = load16(v + 16), v2 = load16(v + 32), v3 = load16(v + 48);
 #pragma GCC unroll 6
             for (int i = 0; i < nq; i++) {
-                a[i][0] += p[i][j] * v0;
-                a[i][1] += p[i][j] * v1;
-                a[i][2] += p[i][j] * v2;
-                a[i][3] += p[i][j] * v3;
+                a[i][0] = fma16(a[i][0], p[i][j], v0);
+                a[i][1] = fma16(a[i][1], p[i][j], v1);
+                a[i][2] = fma16(a[i][2], p[i][j], v2);
+                a[i][3] = fma16(a[i][3], p[i][j], v3);
             }
         }
 #pragma GCC unroll 6
@@ -235,7 +254,7 @@ static inline __attribute__((always_inline)) void value_sweep(const float *const
     for (; d0 < D; d0 += 16)
         for (int i = 0; i < nq; i++) {
             v16 acc = {0};
-            for (int j = 0; j < n; j++) acc += p[i][j] * load16(V + (size_t)j * D + d0);
+            for (int j = 0; j < n; j++) acc = fma16(acc, p[i][j], load16(V + (size_t)j * D + d0));
             store16(out[i] + d0, acc * inv[i]);
         }
 }

@@ -179,11 +179,16 @@ static int argmax_256(const float *x, int n) {
     return argmax_lanes(top, at, x, i, n);
 }
 
+DECLARE_WALK
+
 #define TABLE_NAME2(v) sol_kernels_##v
 #define TABLE_NAME(v) TABLE_NAME2(v)
 #define STRING2(v) #v
 #define STRING(v) STRING2(v)
 const Kernels TABLE_NAME(VARIANT) = {
     .name = STRING(VARIANT), .gemm_s8 = gemm_s8_256, .q4_rows = q4_rows_256, .quantize = quantize_256,
-    .argmax = argmax_256, PORTABLE_FLOAT_KERNELS,
+    .argmax = argmax_256, PORTABLE_FLOAT_KERNELS, .run = walk_run,
 };
+
+#define THIS (&TABLE_NAME(VARIANT))
+#include "walk.h"

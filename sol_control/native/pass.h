@@ -1,8 +1,10 @@
 /* The native pass's shared types: a model's weights (Model, Linear), and the kernel table that each
- * instruction-set variant fills (kernels_*.c). fused_pass.c walks the model and calls the table;
- * dispatch.c picks the table from a CPU probe. Every variant computes generic C's numbers: the
- * integer sums exactly, the float parts in the order kernels_portable.h fixes (no contraction:
- * everything builds with -ffp-contract=off; an FMA only where the generic code writes fmaf). */
+ * instruction-set variant fills (kernels_*.c): each fills its table, points THIS at it and includes
+ * walk.h, the walk through the model compiled with that variant's flags and calling its kernels
+ * directly. fused_pass.c holds the entry points; dispatch.c picks the table from a CPU probe.
+ * Every variant computes generic C's numbers: the integer sums exactly, the float parts in the order
+ * kernels_portable.h fixes (no contraction: everything builds with -ffp-contract=off; an FMA only
+ * where the generic code writes one). */
 #ifndef SOL_PASS_H
 #define SOL_PASS_H
 
@@ -72,7 +74,16 @@ typedef struct Kernels {
     void (*values_mix)(const float *const *p, int nq, const float *V, int D, int n, const float *inv,
                        float *const *out);
     void (*silu_gate)(const float *g, int I, float *out);                      /* silu(g[j]) * g[I + j] */
+    /* the whole pass (walk.h compiled with this table's kernels; sol_run's arguments) */
+    int (*run)(const Model *m, const int64_t *ids, int T, int L, int rows, int heads_on, float *kv, float *keys_t,
+               float *logits, float *probs, int64_t *accepted, int64_t *head_ids, float *scratch);
 } Kernels;
+
+/* what each kernels_*.c declares before its table (walk.h defines it) */
+#define DECLARE_WALK                                                                                         \
+    static int walk_run(const Model *m, const int64_t *ids, int T, int L, int rows, int heads_on, float *kv, \
+                        float *keys_t, float *logits, float *probs, int64_t *accepted, int64_t *head_ids,    \
+                        float *scratch);
 
 extern const Kernels sol_kernels_generic;
 #if defined(__x86_64__)
