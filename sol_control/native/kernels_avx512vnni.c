@@ -62,17 +62,21 @@ static void sweep_rows(const uint8_t *x, int R, int NB, int k, const int8_t *w, 
     }
 }
 
-/* the column blocks [b0, b1) of y [R][n], 8 rows and up to 4 blocks a sweep */
+/* the column blocks [b0, b1) of y [R][n]: chunks of MAX_NB blocks, each through every 8 rows (up to 4
+ * blocks a sweep), so that a chunk's weights stay in cache while all the rows read them */
 static void avx512_gemm_s8(const Linear *L, const uint8_t *q, int R, int b0, int b1, float *y) {
     int k = L->k, n = L->n;
     size_t stride = (size_t)k * 16;
-    for (int r0 = 0; r0 < R; r0 += ROW_BLOCK) {
-        int rb = R - r0 < ROW_BLOCK ? R - r0 : ROW_BLOCK, wide = rb <= 6 ? 4 : 2;
-        for (int nb = b0; nb < b1;) {
-            int NB = b1 - nb >= wide ? wide : 1, c0 = nb * 16, width = n - c0 < NB * 16 ? n - c0 : NB * 16;
-            sweep_rows(q + r0 * k, rb, NB, k, L->w + nb * stride, stride, L->zp_sums + c0, L->scale + c0,
-                       y + (size_t)r0 * n + c0, n, width);
-            nb += NB;
+    for (int chunk = b0; chunk < b1; chunk += MAX_NB) {
+        int chunk_end = b1 - chunk < MAX_NB ? b1 : chunk + MAX_NB;
+        for (int r0 = 0; r0 < R; r0 += ROW_BLOCK) {
+            int rb = R - r0 < ROW_BLOCK ? R - r0 : ROW_BLOCK, wide = rb <= 6 ? 4 : 2;
+            for (int nb = chunk; nb < chunk_end;) {
+                int NB = chunk_end - nb >= wide ? wide : 1, c0 = nb * 16, width = n - c0 < NB * 16 ? n - c0 : NB * 16;
+                sweep_rows(q + r0 * k, rb, NB, k, L->w + nb * stride, stride, L->zp_sums + c0, L->scale + c0,
+                           y + (size_t)r0 * n + c0, n, width);
+                nb += NB;
+            }
         }
     }
 }

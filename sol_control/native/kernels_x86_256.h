@@ -3,7 +3,7 @@
  *   VARIANT         the table's name (a C identifier and its string),
  *   DOT4(acc, x, w) acc + the 8 columns' sums of 4 u8 x (broadcast) times their 4 s8 weights,
  *   EXACT_BELOW     the largest u8 activation DOT4 sums exactly (255: every one),
- *   Q4_BLOCK_SUMS   how a row's int8 block meets one record's nibbles (q4_block_sums below).
+ *   Q4_BLOCK_SUMS   s[r][half] for R rows: a record's nibbles against each row's int8 block.
  * AVX2's vpmaddubsw saturates a pair of u8 x s8 products above 32,767: its rows with an activation
  * above 128 (a static input past twice its calibrated |max|) go through as two exact halves, min(x,
  * 128) and x - 128 saturated at 0, their sums added in int32. */
@@ -72,73 +72,86 @@ static int needs_split(const uint8_t *x, int R, int k) {
     return top > EXACT_BELOW;
 }
 
-/* the column blocks [b0, b1) of y [R][n]: SUB_ROWS rows and 1-2 blocks a sweep, then the epilogue */
+#define COL_CHUNK 4  /* column blocks whose weights every row block reads while they are in cache */
+
+/* the column blocks [b0, b1) of y [R][n]: chunks of COL_CHUNK blocks, each through every row block
+ * (SUB_ROWS rows, 1-2 blocks a sweep), then the epilogue */
 static void gemm_s8_256(const Linear *L, const uint8_t *q, int R, int b0, int b1, float *y) {
-    int k = L->k, n = L->n;
+    int k = L->k, n = L->n, row_blocks = (R + SUB_ROWS - 1) / SUB_ROWS, split[row_blocks];
     size_t stride = (size_t)k * 16;
     int32_t sums[SUB_ROWS * 32];
-    for (int r0 = 0; r0 < R; r0 += SUB_ROWS) {
-        int rb = R - r0 < SUB_ROWS ? R - r0 : SUB_ROWS, wide = rb <= 2 ? 2 : 1;
-        int split = needs_split(q + (size_t)r0 * k, rb, k);
-        for (int nb = b0; nb < b1;) {
-            int NB = b1 - nb >= wide ? wide : 1, c0 = nb * 16, width = n - c0 < NB * 16 ? n - c0 : NB * 16;
-            sweep_rows(q + (size_t)r0 * k, rb, NB, split, k, L->w + nb * stride, stride, sums);
-            for (int r = 0; r < rb; r++) {
-                float *out = y + (size_t)(r0 + r) * n + c0;
-                for (int c = 0; c < width; c++)
-                    out[c] = (float)(sums[r * NB * 16 + c] - L->zp_sums[c0 + c]) * L->scale[c0 + c];
+    for (int i = 0; i < row_blocks; i++)
+        split[i] = needs_split(q + (size_t)i * SUB_ROWS * k, R - i * SUB_ROWS < SUB_ROWS ? R - i * SUB_ROWS : SUB_ROWS, k);
+    for (int chunk = b0; chunk < b1; chunk += COL_CHUNK) {
+        int chunk_end = b1 - chunk < COL_CHUNK ? b1 : chunk + COL_CHUNK;
+        for (int r0 = 0; r0 < R; r0 += SUB_ROWS) {
+            int rb = R - r0 < SUB_ROWS ? R - r0 : SUB_ROWS, wide = rb <= 2 ? 2 : 1;
+            for (int nb = chunk; nb < chunk_end;) {
+                int NB = chunk_end - nb >= wide ? wide : 1, c0 = nb * 16, width = n - c0 < NB * 16 ? n - c0 : NB * 16;
+                sweep_rows(q + (size_t)r0 * k, rb, NB, split[r0 / SUB_ROWS], k, L->w + nb * stride, stride, sums);
+                for (int r = 0; r < rb; r++) {
+                    float *out = y + (size_t)(r0 + r) * n + c0;
+                    for (int c = 0; c < width; c++)
+                        out[c] = (float)(sums[r * NB * 16 + c] - L->zp_sums[c0 + c]) * L->scale[c0 + c];
+                }
+                nb += NB;
             }
-            nb += NB;
         }
     }
 }
 
-/* int4: one group of 16 outputs for R rows: per block, the integer sums of its nibbles against each
- * row's int8 block (Q4_BLOCK_SUMS), less xc, then acc = fma(sum, scale x xs, acc), fma(mins, bs, acc) */
+/* int4: one group of 16 outputs for R <= Q4_SUB rows: per block, the integer sums of its nibbles
+ * against each row's int8 block (Q4_BLOCK_SUMS, one 32-byte slice of nibbles at a time so that the
+ * rows' sums stay in registers), less xc, then acc = fma(sum, scale x xs, acc), fma(mins, bs, acc) */
+#define Q4_SUB 4
 static inline __attribute__((always_inline)) void q4_group(const Linear *L, const int8_t *q, const float *xs,
                                                           const float *bs, const int32_t *xc, const int R, int g,
                                                           float *y) {
     int k = L->k, n = L->n, nb = k / Q4_BLOCK;
     const uint8_t *p = (const uint8_t *)L->w + (size_t)g * nb * Q4_RECORD;
-    __m256 acc[ROW_BLOCK][2];
-#pragma GCC unroll 8
+    __m256 acc[Q4_SUB][2];
+#pragma GCC unroll 4
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++, p += Q4_RECORD) {
-        __m256i lo[8], hi[8];  /* [j][half]: the nibbles of outputs 8 half .. 8 half + 7 */
-        const __m256i low = _mm256_set1_epi8(0x0F);
-#pragma GCC unroll 8
-        for (int v = 0; v < 8; v++) {
-            __m256i raw = _mm256_loadu_si256((const __m256i *)(p + 32 * v));
-            lo[v] = _mm256_and_si256(raw, low), hi[v] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
-        }
+        __m256i s[Q4_SUB][2];
+        Q4_BLOCK_SUMS(s, p, q + b * Q4_BLOCK, k, R);
         const __m256 ws[2] = {_mm256_loadu_ps((const float *)(p + 256)), _mm256_loadu_ps((const float *)(p + 288))};
         const __m256 mins[2] = {_mm256_loadu_ps((const float *)(p + 320)), _mm256_loadu_ps((const float *)(p + 352))};
-#pragma GCC unroll 8
+#pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
-            const int8_t *x = q + (size_t)r * k + b * Q4_BLOCK;
-            __m256i s[2];
-            Q4_BLOCK_SUMS(s, lo, hi, x);
             __m256 xsv = _mm256_set1_ps(xs[r * nb + b]), bsv = _mm256_set1_ps(bs[r * nb + b]);
             __m256i c = _mm256_set1_epi32(xc[r * nb + b]);
 #pragma GCC unroll 2
             for (int h = 0; h < 2; h++) {
-                __m256 sum = _mm256_cvtepi32_ps(_mm256_sub_epi32(s[h], c));
+                __m256 sum = _mm256_cvtepi32_ps(_mm256_sub_epi32(s[r][h], c));
                 acc[r][h] = _mm256_fmadd_ps(sum, _mm256_mul_ps(ws[h], xsv), acc[r][h]);
                 acc[r][h] = _mm256_fmadd_ps(mins[h], bsv, acc[r][h]);
             }
         }
     }
-#pragma GCC unroll 8
+#pragma GCC unroll 4
     for (int r = 0; r < R; r++)
         for (int h = 0; h < 2; h++) _mm256_storeu_ps(y + (size_t)r * n + g * 16 + 8 * h, acc[r][h]);
 }
 
-#define Q4_CASE(r) case r: for (int g = g0; g < g1; g++) q4_group(L, q, xs, bs, xc, r, g, y); break;
+/* the groups [g0, g1) of y [R][n], Q4_SUB rows at a time */
 static void q4_rows_256(const Linear *L, const int8_t *q, const float *xs, const float *bs, const int32_t *xc, int R,
                         int g0, int g1, float *y) {
-    switch (R) { Q4_CASE(1) Q4_CASE(2) Q4_CASE(3) Q4_CASE(4) Q4_CASE(5) Q4_CASE(6) Q4_CASE(7) Q4_CASE(8) }
+    int k = L->k, nb = k / Q4_BLOCK;
+    for (int r0 = 0; r0 < R; r0 += Q4_SUB) {
+        const int8_t *qr = q + (size_t)r0 * k;
+        const float *xsr = xs + r0 * nb, *bsr = bs + r0 * nb;
+        const int32_t *xcr = xc + r0 * nb;
+        float *yr = y + (size_t)r0 * L->n;
+        int rb = R - r0 < Q4_SUB ? R - r0 : Q4_SUB;
+        switch (rb) {
+            case 1: for (int g = g0; g < g1; g++) q4_group(L, qr, xsr, bsr, xcr, 1, g, yr); break;
+            case 2: for (int g = g0; g < g1; g++) q4_group(L, qr, xsr, bsr, xcr, 2, g, yr); break;
+            case 3: for (int g = g0; g < g1; g++) q4_group(L, qr, xsr, bsr, xcr, 3, g, yr); break;
+            case 4: for (int g = g0; g < g1; g++) q4_group(L, qr, xsr, bsr, xcr, 4, g, yr); break;
+        }
+    }
 }
-#undef Q4_CASE
 
 /* the portable quantize, 16 at a time: divide, round half to even, shift, saturate, pack */
 static void quantize_256(const float *x, uint8_t *q, int n, float step) {

@@ -7,6 +7,7 @@
 #endif
 #include "sizes.h"
 
+#define Q4_CHUNK 8  /* 16-output groups of an int4 linear one pass of row blocks reads (8 x k / 32 records) */
 #define PARALLEL_MIN (1L << 18)  /* weights of a linear worth splitting over threads (SmolLM2's are ~0.3-1.8 M) */
 
 static void rms_norm(const float *x, const float *w, float *y, int n, float eps) {
@@ -66,9 +67,11 @@ static void int8_linear(const Linear *L, const float *x, int R, float *y, const 
 /* the output groups [g0, g1) of all R rows, 8 rows a sweep */
 static void q4_part(const Linear *L, const int8_t *q, const Work *w, int R, int g0, int g1, float *y) {
     int k = L->k, nb = k / Q4_BLOCK;
-    for (int r0 = 0; r0 < R; r0 += ROW_BLOCK)
-        THIS->q4_rows(L, q + (size_t)r0 * k, w->xs + r0 * nb, w->bs + r0 * nb, w->xc + r0 * nb,
-                R - r0 < ROW_BLOCK ? R - r0 : ROW_BLOCK, g0, g1, y + (size_t)r0 * L->n);
+    for (int c = g0; c < g1; c += Q4_CHUNK)  /* a chunk's records stay in cache while every row block reads them */
+        for (int r0 = 0; r0 < R; r0 += ROW_BLOCK)
+            THIS->q4_rows(L, q + (size_t)r0 * k, w->xs + r0 * nb, w->bs + r0 * nb, w->xc + r0 * nb,
+                          R - r0 < ROW_BLOCK ? R - r0 : ROW_BLOCK, c, g1 - c < Q4_CHUNK ? g1 : c + Q4_CHUNK,
+                          y + (size_t)r0 * L->n);
 }
 
 static void q4_linear(const Linear *L, const float *x, int R, float *y, const Work *w) {
