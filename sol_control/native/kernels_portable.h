@@ -51,7 +51,14 @@ static inline float round_even(float x) { return (x + ROUND_MAGIC) - ROUND_MAGIC
 static inline v16 round_even16(v16 x) { return (x + ROUND_MAGIC) - ROUND_MAGIC; }
 static inline v16 select16(v16i mask, v16 c, v16 d) { return (v16)(((v16i)c & mask) | ((v16i)d & ~mask)); }
 static inline v16 splat16(float x) { return (v16){0} + x; }
-/* a + b x c per lane, fused (fmaf: one rounding), as every variant's FMA instruction computes it */
+/* a x b + c per lane, fused (fmaf: one rounding), as every variant's FMA instruction computes it */
+static inline v16 fmav16(v16 a, v16 b, v16 c) {
+    v16 r;
+    for (int l = 0; l < 16; l++) r[l] = __builtin_fmaf(a[l], b[l], c[l]);
+    return r;
+}
+
+/* a + b x c per lane, fused */
 static inline v16 fma16(v16 a, float b, v16 c) {
     v16 r;
     for (int l = 0; l < 16; l++) r[l] = __builtin_fmaf(b, c[l], a[l]);
@@ -59,17 +66,18 @@ static inline v16 fma16(v16 a, float b, v16 c) {
 }
 
 /* exp(x) for x <= 0 down to about -87 (softmax and sigmoid arguments are clamped): 2^n * p(r),
- * r = x - n ln2 in [-ln2/2, ln2/2], a degree-6 polynomial, ~2 ulp; 16 lanes, or one. */
+ * r = x - n ln2 in [-ln2/2, ln2/2] (two fused steps), a degree-6 polynomial in fused
+ * multiply-adds (Horner), ~2 ulp; 16 lanes, or one. */
 static inline v16 fast_exp16(v16 x) {
     x = select16(x < -87.0f, splat16(-87.0f), select16(x > 88.0f, splat16(88.0f), x));
     v16 n = (x * 1.44269504f + ROUND_MAGIC) - ROUND_MAGIC;
-    v16 r = x - n * 0.693145752f - n * 1.42860677e-6f;
-    v16 p = 1.0f / 720 * r + 1.0f / 120;
-    p = p * r + 1.0f / 24;
-    p = p * r + 1.0f / 6;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
+    v16 r = fmav16(n, splat16(-1.42860677e-6f), fmav16(n, splat16(-0.693145752f), x));
+    v16 p = fmav16(splat16(1.0f / 720), r, splat16(1.0f / 120));
+    p = fmav16(p, r, splat16(1.0f / 24));
+    p = fmav16(p, r, splat16(1.0f / 6));
+    p = fmav16(p, r, splat16(0.5f));
+    p = fmav16(p, r, splat16(1.0f));
+    p = fmav16(p, r, splat16(1.0f));
     v16i e = (__builtin_convertvector(n, v16i) + 127) << 23;
     return p * (v16)e;
 }
@@ -77,13 +85,13 @@ static inline v16 fast_exp16(v16 x) {
 static inline float fast_exp(float x) {  /* one lane of fast_exp16, the same operations */
     x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
     float n = round_even(x * 1.44269504f);
-    float r = x - n * 0.693145752f - n * 1.42860677e-6f;
-    float p = 1.0f / 720 * r + 1.0f / 120;
-    p = p * r + 1.0f / 24;
-    p = p * r + 1.0f / 6;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
+    float r = __builtin_fmaf(n, -1.42860677e-6f, __builtin_fmaf(n, -0.693145752f, x));
+    float p = __builtin_fmaf(1.0f / 720, r, 1.0f / 120);
+    p = __builtin_fmaf(p, r, 1.0f / 24);
+    p = __builtin_fmaf(p, r, 1.0f / 6);
+    p = __builtin_fmaf(p, r, 0.5f);
+    p = __builtin_fmaf(p, r, 1.0f);
+    p = __builtin_fmaf(p, r, 1.0f);
     union { float f; int32_t i; } s = {.i = ((int32_t)n + 127) << 23};
     return p * s.f;
 }
