@@ -89,7 +89,8 @@ class DecodingConfig(Strict):
 
 
 class QCConfig(Strict):
-    bundle: str = Field("", json_schema_extra=STRUCT, description="QC model bundle folder; empty = the shipped models/qc")
+    bundle: str = Field("", description="QC model bundle folder; empty = the shipped models/qc; a change on a "
+                                         "configured node swaps it in between two frames (refused if it fails checks)")
     min_confidence: float = Field(0.5, ge=0.0, le=1.0,
                                   description="fast-path QC results below this confidence go to full precision")
     uncertain_below: float = Field(0.5, ge=0.0, le=1.0,
@@ -99,7 +100,8 @@ class QCConfig(Strict):
 
 
 class GraspConfig(Strict):
-    bundle: str = Field("", json_schema_extra=STRUCT, description="grasp model bundle folder; empty = the shipped models/grasp")
+    bundle: str = Field("", description="grasp model bundle folder; empty = the shipped models/grasp; a change on a "
+                                         "configured node swaps it in between two frames (refused if it fails checks)")
     min_confidence: float = Field(0.3, ge=0.0, le=1.0,
                                   description="fast-path grasps below this confidence go to full precision")
     frame_id: str = Field("pick_table", description="frame of grasp outputs; empty = the image header frame")

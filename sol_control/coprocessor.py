@@ -8,7 +8,10 @@ the pipeline needs to know about its model comes from the bundle's manifest (spe
 image size, camera calibration, action fields, warm-up prefixes). Everything heavy (sha256 checks,
 ONNX sessions, KV caches, warm-up) happens in `Coprocessor.__init__` and `warmup()`; `step` only
 runs models. The live config can be swapped at run time (`set_config`): deadlines, thresholds,
-limits, audit rate and fault injection apply to the next decision.
+limits, audit rate and fault injection apply to the next decision. So can a task's bundle:
+`load_pipeline` verifies and warms a new one beside the running one, `replace_pipeline` makes it
+decide from the next step on (one reference swap). Every decision carries the sha256 of the
+manifest of the bundle that made it (`bundle_sha256`).
 """
 from __future__ import annotations
 
@@ -16,13 +19,14 @@ import math
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 
 from sol_control.actions import ActionTokenizer, QCVerdict
 from sol_control.audit import Auditor
 from sol_control.budget import MONOTONIC, NS_PER_MS, NS_PER_S, Budget, Clock
-from sol_control.bundle import Bundle
+from sol_control.bundle import MANIFEST, Bundle, sha256_file
 from sol_control.config import NodeConfig, Task
 from sol_control.decision import Decision
 from sol_control.guard import DeadlineGuard
@@ -56,6 +60,12 @@ def eject_time_ns(stamp_ns: int, conveyor: Conveyor | None, camera_to_ejector_m:
     return int(conveyor.stamp_ns + (target_m - conveyor.position_m) / v * NS_PER_S)
 
 
+def manifest_sha256(bundle_dir) -> str:
+    """sha256 of a bundle's manifest file ("" when there is none: Bundle.load says why)."""
+    path = Path(bundle_dir) / MANIFEST
+    return sha256_file(path) if path.is_file() else ""
+
+
 class TaskPipeline:
     def __init__(self, task: Task, bundle_dir, config_fn, with_audit: bool, gate: DecidingGate | None = None):
         from sol_control.perception import ObservationTokenizer
@@ -64,7 +74,11 @@ class TaskPipeline:
         self._config_fn = config_fn
         self.task = task
         t0 = time.perf_counter()
+        sha_before = manifest_sha256(bundle_dir)
         self.bundle = Bundle.load(bundle_dir)  # verifies every sha256 before any session exists
+        self.bundle_sha256 = manifest_sha256(self.bundle.root)  # names the bundle in every decision
+        if self.bundle_sha256 != sha_before:
+            raise ValueError(f"bundle {self.bundle.root}: {MANIFEST} changed while it was being loaded")
         self.bundle_check_s = time.perf_counter() - t0
         if self.bundle.manifest.task != task:
             raise ValueError(f"{task}.bundle {bundle_dir} holds a {self.bundle.manifest.task!r} model, not {task}")
@@ -157,13 +171,47 @@ class Coprocessor:
         prefixes so the first live decision is warm; seeds both latency models (until their first
         live runs: see guard.LatencyModel). Returns the last full-precision latency per task (ms)."""
         runs = runs or self._cfg.decoding.warmup_runs
-        out = {}
-        for task, p in self.pipelines.items():
-            p.warm_perception()
-            for prefix in p.warmup_prefixes(runs):
-                p.guard.measure_fast(prefix, Budget.unlimited(self.clock))
-                out[task] = p.guard.measure_full(prefix, Budget.unlimited(self.clock))
-        return out
+        return {task: self._warm(p, runs) for task, p in self.pipelines.items()}
+
+    def _warm(self, p: TaskPipeline, runs: int) -> float:
+        """Warm one pipeline (see `warmup`); its last full-precision latency (ms)."""
+        p.warm_perception()
+        full_ms = math.nan
+        for prefix in p.warmup_prefixes(runs):
+            p.guard.measure_fast(prefix, Budget.unlimited(self.clock))
+            full_ms = p.guard.measure_full(prefix, Budget.unlimited(self.clock))
+        return full_ms
+
+    # -- bundle swap -----------------------------------------------------------------------------
+    def load_pipeline(self, task: str, bundle_dir) -> TaskPipeline:
+        """A pipeline for `task` on the bundle in `bundle_dir`, verified (sha256) and warmed the way
+        `warmup` warms at activation, beside the running one: it decides nothing until
+        `replace_pipeline`. ValueError names what was refused; nothing of it is left open."""
+        running = self.pipelines.get(task)
+        if running is None:
+            raise ValueError(f"task {task!r} is not configured (mode {self._cfg.mode})")
+        p = TaskPipeline(task, bundle_dir, self.config, running.auditor is not None, self.gate)
+        try:
+            self._warm(p, self._cfg.decoding.warmup_runs)
+        except Exception as e:  # noqa: BLE001 - any warm-up failure refuses the bundle
+            p.close()
+            raise ValueError(f"bundle {p.bundle.root}: warm-up failed: {type(e).__name__}: {e}") from e
+        return p
+
+    def replace_pipeline(self, task: str, p: TaskPipeline) -> TaskPipeline:
+        """`p` decides `task` from the next `step` on; returns the pipeline it replaces (the caller
+        closes it once no step can still run on it). One reference swap of the whole dict: a step
+        runs entirely on the old or entirely on the new pipeline, and readers on other threads
+        (stats) never see the dict change under them."""
+        assert p.task == task, (p.task, task)
+        old = self.pipelines[task]
+        self.pipelines = {**self.pipelines, task: p}
+        return old
+
+    def bundle_sha256(self, task: str) -> str:
+        """sha256 of the manifest of the bundle deciding `task` now ("" when none is)."""
+        p = self.pipelines.get(task)
+        return p.bundle_sha256 if p is not None else ""
 
     def load_times_s(self) -> dict[str, float]:
         """Where configure's time went, summed over tasks: sha256 checks, then sessions (and the rest)."""
@@ -191,7 +239,8 @@ class Coprocessor:
         if task == "qc" and isinstance(d.action, QCVerdict):
             eject = eject_time_ns(telemetry.stamp_ns, telemetry.conveyor, self._cfg.qc.camera_to_ejector_m)
         return replace(d, eject_time_ns=eject, queue_ms=(t0 - budget.start_ns) / NS_PER_MS,
-                       perception_ms=(t1 - t0) / NS_PER_MS, cpu_ms=(time.thread_time_ns() - cpu0) / NS_PER_MS)
+                       perception_ms=(t1 - t0) / NS_PER_MS, cpu_ms=(time.thread_time_ns() - cpu0) / NS_PER_MS,
+                       bundle_sha256=p.bundle_sha256)
 
     def background_thread_ids(self) -> set[int]:
         return {p.auditor.native_id for p in self.pipelines.values() if p.auditor and p.auditor.native_id}
@@ -201,6 +250,8 @@ class Coprocessor:
         for task, p in self.pipelines.items():
             a = p.auditor
             out[task] = {
+                "bundle": str(p.bundle.root),
+                "bundle_sha256": p.bundle_sha256,
                 "fast_backend": p.fast.backend,  # "native" or "onnxruntime" (decoding.backend)
                 "fast_backend_info": getattr(p.fast.target, "backend_info", None),  # variant, measured times, why
                 "full_precision_estimate_ms": p.guard.full_latency.estimate_ms(),

@@ -65,6 +65,7 @@ class Decision:
     cpu_ms: float = math.nan  # CPU time of the thread that decided (ONNX Runtime's work included)
     start_mono_ns: int = 0  # the sensor stamp on the monotonic clock (budget start); 0 = unknown
     policy_overruled: bool = False  # the policy routed the fast answer and fp32 answered differently
+    bundle_sha256: str = ""  # sha256 of the manifest of the bundle that decided ("" = not yet named)
 
     @property
     def reason(self) -> str:

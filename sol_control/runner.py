@@ -4,6 +4,9 @@
         ─► Coprocessor.step ─► on_time_or_safe ─► publish(decision)
     no usable frame for sensor_timeout_ms ─► safe default (sensor_timeout), once per timeout
 
+Between two frames the worker runs what `at_boundary` handed it (the node's bundle swap installs
+a new pipeline that way), so no frame is decided half on one thing and half on another.
+
 Exactly one decision per decided frame leaves through `publish`: the worker's, or the watchdog's
 safe default when the worker is still running at the deadline (its late answer is then dropped).
 Every decision is relabelled right before it leaves (`on_time_or_safe` with the publish margin),
@@ -186,6 +189,8 @@ class TaskRunner:
         self.watchdog: Watchdog | None = None
         self._last_good_ns = self._last_timeout_ns = clock.now_ns()
         self._timed_out = False
+        self._boundary_lock = threading.Lock()
+        self._boundary: list[tuple[Callable[[], None], threading.Event]] = []  # run between frames
 
     # -- lifecycle -------------------------------------------------------------------------------
     def arm(self, watchdog_thread: bool = True) -> None:
@@ -206,6 +211,7 @@ class TaskRunner:
         if self._thread is not None:
             self._thread.join(timeout=5.0)
             self._thread = None
+        self._run_boundary()  # handed over while the worker stopped: no frame runs now either
         if self.watchdog is not None:
             self.watchdog.close()
             self.watchdog = None
@@ -217,9 +223,44 @@ class TaskRunner:
     def offer(self, telemetry: Telemetry) -> None:
         self.frames.put(telemetry)
 
+    # -- the frame boundary ----------------------------------------------------------------------
+    def at_boundary(self, fn: Callable[[], None], timeout_s: float = 10.0) -> bool:
+        """Run `fn` between two frames: on the worker after the decision in progress (at once when
+        no worker runs). True once it has run; False when no boundary came within `timeout_s`
+        (a planner stalled past it), and then it never runs. The caller waits, the worker does not."""
+        job = (fn, threading.Event())
+        with self._boundary_lock:
+            running = self._thread is not None
+            if running:
+                self._boundary.append(job)
+        if not running:
+            fn()
+            return True
+        self.frames.wake()  # an idle worker runs it now, not after its take times out
+        if job[1].wait(timeout_s):
+            return True
+        with self._boundary_lock:
+            if job in self._boundary:
+                self._boundary.remove(job)
+                return False
+        job[1].wait()  # it is running right now
+        return True
+
+    def _run_boundary(self) -> None:
+        with self._boundary_lock:
+            jobs, self._boundary = self._boundary, []
+        for fn, done in jobs:
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001 - the worker never dies of a handed-over job
+                self.hooks.error("boundary_error", f"between frames: {type(e).__name__}: {e}")
+            finally:
+                done.set()
+
     # -- the loop --------------------------------------------------------------------------------
     def _loop(self) -> None:
         while not self._stop.is_set():
+            self._run_boundary()
             telemetry = self.frames.take(timeout_s=TAKE_TIMEOUT_S)
             if telemetry is None:
                 self.check_sensor_timeout()

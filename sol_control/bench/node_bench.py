@@ -14,16 +14,23 @@ CPU time (each record's `cpu_ms`), by source under `energy_by_source`; `process_
 / `process_joules_per_decision` = the node process's CPU over the run / decisions (executor, DDS,
 audit included); `joules_per_decision_basis` says measured (RAPL) or estimated, `energy_assumption` how.
 
+--swap-at SECONDS: that far into publishing, a client process (`python -m sol_control.ros.bundle_swap`,
+connected beforehand) sets `<task>.bundle` to a copy of the task's bundle whose manifest differs
+only in its description (a new manifest sha256, the same models); `swap` in the results holds the
+answer, the window from request to answer (verify, sessions, warm-up, install) and the hit rate of
+the frames stamped inside that window (`hit_rate_in_window`) and outside it (`hit_rate_outside`).
+
 JSON (--json PATH): {"modes": {"qc": {"p50_ms", "p99_ms", "p999_ms", "hit_rate", "sources": {...},
-"cpu_ms_per_decision", "joules_per_decision", ...}, "grasp": {...}}, "config": {...}} and the same
-per-mode dicts at the top level under "qc"/"grasp".
-No rclpy here: the peers live in sol_control/ros/bench_peers.py.
+"cpu_ms_per_decision", "joules_per_decision", ..., "swap": {...}}, "grasp": {...}}, "config": {...}}
+and the same per-mode dicts at the top level under "qc"/"grasp".
+No rclpy here: the peers live in sol_control/ros/bench_peers.py and sol_control/ros/bundle_swap.py.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -47,6 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--domain-id", type=int, default=int(os.environ.get("SOL_CONTROL_BENCH_DOMAIN", "27")))
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                    help="node parameter override, e.g. deadline.qc_ms=8 (repeatable)")
+    p.add_argument("--swap-at", type=float, default=None, metavar="SECONDS",
+                   help="swap the task's bundle (to a copy of it) this far into publishing; the hit rate "
+                        "during the swap is reported separately")
 
 
 def ros_env(domain_id: int) -> dict[str, str]:
@@ -86,6 +96,7 @@ def _stop(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
 
 def run_mode(task: str, cfg: NodeConfig, args: argparse.Namespace, work: Path) -> dict:
     env = ros_env(args.domain_id)
+    swap_at = args.swap_at
     flat = {**to_flat(cfg), "mode": task, "autostart": True}
     ros_args = [a for k, v in flat.items() for a in ("-p", f"{k}:={_ros_value(v)}")]
     py = sys.executable
@@ -95,6 +106,7 @@ def run_mode(task: str, cfg: NodeConfig, args: argparse.Namespace, work: Path) -
     sub_out, pub_out = work / f"{task}_sub.json", work / f"{task}_pub.json"
     sub = subprocess.Popen([py, "-m", "sol_control.ros.bench_peers", "subscribe", "--task", task, "--out", str(sub_out)],
                            env=env, cwd=REPO)
+    swapper = _start_swapper(task, cfg, work, env) if swap_at else None
     try:
         pub = subprocess.Popen([py, "-m", "sol_control.ros.bench_peers", "publish", "--task", task, "--out", str(pub_out),
                                 "--seconds", str(args.seconds), "--image-hz", str(args.image_hz),
@@ -106,15 +118,19 @@ def run_mode(task: str, cfg: NodeConfig, args: argparse.Namespace, work: Path) -
             raise RuntimeError(f"the node did not become active; its log:\n{_tail(work / f'{task}_node.log')}")
         meter = EnergyMeter(cfg.energy.watts_per_busy_core)  # RAPL over the run where readable
         cpu0, wall0 = _cpu_s(node.pid), time.monotonic()
+        if swapper is not None:
+            _swap_at(swapper, wall0 + swap_at)
         pub.wait()
         cpu1, wall1 = _cpu_s(node.pid), time.monotonic()
         meter.update()
         if pub.returncode != 0:
             raise RuntimeError(f"publisher failed (exit {pub.returncode}); node log:\n{_tail(work / f'{task}_node.log')}")
         time.sleep(1.0)  # let the last decisions arrive
+        swap = _swap_result(swapper) if swapper is not None else None
     finally:
-        _stop(sub)
-        _stop(node)
+        for proc in (swapper, sub, node):
+            if proc is not None:
+                _stop(proc)
         log.close()
     if not sub_out.exists():
         raise RuntimeError(f"the subscriber wrote no results (exit {sub.returncode}); its output, if any, is above")
@@ -123,7 +139,59 @@ def run_mode(task: str, cfg: NodeConfig, args: argparse.Namespace, work: Path) -
     out = summarize(task, cfg.deadline.for_task(task), published, rows,
                     cpu_percent=100.0 * (cpu1 - cpu0) / max(wall1 - wall0, 1e-9))
     out.update(energy_summary(rows, set(published["stamps"]), cpu1 - cpu0, meter))
+    if swap is not None:
+        out["swap"] = {**swap, "at_s": swap_at, **swap_window(cfg.deadline.for_task(task), published, rows, swap)}
     return out
+
+
+# -- --swap-at -------------------------------------------------------------------------------------
+def swap_copy(src: Path, dst: Path) -> Path:
+    """A copy of the bundle in `src` whose manifest differs only in its description: the same models
+    under a new manifest sha256, so decisions show which bundle made them."""
+    shutil.copytree(src, dst)
+    manifest = json.loads((dst / "manifest.json").read_text())
+    manifest["description"] = manifest.get("description", "") + " (a copy, swapped in at run time)"
+    (dst / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return dst
+
+
+def _start_swapper(task: str, cfg: NodeConfig, work: Path, env: dict) -> subprocess.Popen:
+    """The swap client, started early so that its start-up and discovery are over by the swap."""
+    bundle = swap_copy(cfg.bundle_dir(task), work / f"{task}_swap_bundle")
+    return subprocess.Popen([sys.executable, "-m", "sol_control.ros.bundle_swap", "--param", f"{task}.bundle",
+                             "--value", str(bundle), "--wait-stdin"], env=env, cwd=REPO,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def _swap_at(swapper: subprocess.Popen, at_mono_s: float) -> None:
+    line = swapper.stdout.readline()  # "ready": connected to the node's set_parameters service
+    if not line.startswith("ready"):
+        raise RuntimeError(f"the swap client is not ready: {line!r}")
+    time.sleep(max(0.0, at_mono_s - time.monotonic()))
+    swapper.stdin.write("go\n")
+    swapper.stdin.flush()
+
+
+def _swap_result(swapper: subprocess.Popen) -> dict:
+    line = swapper.stdout.readline()  # its one JSON line, once the node answered
+    if not line.strip():
+        raise RuntimeError(f"the swap client gave no answer (exit {swapper.poll()})")
+    return json.loads(line)
+
+
+def swap_window(deadline_ms: float, published: dict, rows: list, swap: dict) -> dict:
+    """Hit rate of the frames stamped between the swap's request and its answer (stamps and those
+    times are both the system clock), and of all the others."""
+    got = {r[0]: r for r in rows}
+
+    def hit_rate(stamps: list[int]) -> float:
+        in_time = sum(1 for s in stamps if s in got and (got[s][1] - s) / NS_PER_MS <= deadline_ms)
+        return in_time / len(stamps) if stamps else float("nan")
+    inside = [s for s in published["stamps"] if swap["sent_ns"] <= s <= swap["done_ns"]]
+    outside = [s for s in published["stamps"] if not swap["sent_ns"] <= s <= swap["done_ns"]]
+    return {"window_ms": (swap["done_ns"] - swap["sent_ns"]) / NS_PER_MS, "frames_in_window": len(inside),
+            "decided_in_window": sum(1 for s in inside if s in got), "hit_rate_in_window": hit_rate(inside),
+            "hit_rate_outside": hit_rate(outside)}
 
 
 def energy_summary(rows: list, sent: set[int], node_cpu_s: float, meter: EnergyMeter) -> dict:
@@ -193,8 +261,17 @@ def _finite_pct(values: list[float], q: float) -> float:
     return pct(vals, q) if vals else float("nan")
 
 
+def swap_line(task: str, s: dict) -> str:
+    answer = "swapped" if s["successful"] else f"refused ({s['reason']})"
+    return (f"{task}, bundle swap at {s['at_s']:.1f} s: {answer} in {s['window_ms']:.0f} ms (request to answer); "
+            f"hit rate {100 * s['hit_rate_in_window']:.2f}% of {s['frames_in_window']} frames in that window, "
+            f"{100 * s['hit_rate_outside']:.2f}% outside it")
+
+
 def run(args: argparse.Namespace) -> int:
     cfg = apply_overrides(NodeConfig(), args.param)
+    if args.swap_at is not None and not 0 < args.swap_at < args.seconds:
+        raise ValueError(f"--swap-at must lie inside the run (0, {args.seconds}) s, got {args.swap_at}")
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     for m in modes:
         if m not in ("qc", "grasp"):
@@ -218,11 +295,14 @@ def run(args: argparse.Namespace) -> int:
             print(f"{m}, the slowest 1 % ({t['decisions']} decisions, e2e {t['e2e']:.2f} ms), medians: queue "
                   f"{t['queue']:.2f}, perception {t['perception']:.2f}, fast {t['fast']:.2f} ms; the deciding "
                   f"thread's CPU {t['cpu']:.2f} ms, off the CPU after the queue {t['off_cpu']:.2f} ms")
+    for m, r in results.items():
+        if "swap" in r:
+            print(swap_line(m, r["swap"]))
     if results:
         print(f"joules: {next(iter(results.values()))['energy_assumption']}")
     out = {"modes": results, **results, "config": {"seconds": args.seconds, "image_hz": args.image_hz,
                                                    "joint_hz": args.joint_hz, "params": args.param,
-                                                   "cpus": os.cpu_count()}}
+                                                   "swap_at": args.swap_at, "cpus": os.cpu_count()}}
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
@@ -238,7 +318,7 @@ def compare_standard_ultrafast(quick: bool = False, domain_id: int | None = None
     machine's load hits both) and gives one p50 per mode and their ratio. Reported: the median over
     rounds with min-max, per task and, at the top level, the mean of the two tasks' medians."""
     rounds = rounds or (2 if quick else 5)
-    args = argparse.Namespace(seconds=2.0 if quick else 4.0, image_hz=30.0, joint_hz=500.0,
+    args = argparse.Namespace(seconds=2.0 if quick else 4.0, image_hz=30.0, joint_hz=500.0, swap_at=None,
                               domain_id=domain_id or int(os.environ.get("SOL_CONTROL_BENCH_DOMAIN", "27")))
     generous = ["deadline.qc_ms=1000", "deadline.grasp_ms=1000", "deadline.max_staleness_ms=2000"]
     modes = {"standard": ["decoding.standard_only=true"], "ultrafast": []}

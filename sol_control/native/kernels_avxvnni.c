@@ -11,23 +11,8 @@
 #define EXACT_BELOW 255
 #define DOT4(acc, x, w) DPBUSD((acc), (x), (w))
 
-/* s[r][half]: vpdpbusd with the nibbles (u8 0..15) as the unsigned side, each of R rows' int8 (x,
- * rows k apart) as the signed one, one 32-byte slice of nibbles at a time */
-#define Q4_BLOCK_SUMS(s, p, x, k, R)                                                                  \
-    do {                                                                                              \
-        for (int r = 0; r < (R); r++) s[r][0] = s[r][1] = _mm256_setzero_si256();                     \
-        for (int j = 0; j < 4; j++) {                                                                 \
-            __m256i lo[2], hi[2];                                                                     \
-            for (int h = 0; h < 2; h++) {                                                             \
-                __m256i raw = _mm256_loadu_si256((const __m256i *)((p) + 64 * j + 32 * h));            \
-                lo[h] = _mm256_and_si256(raw, _mm256_set1_epi8(0x0F));                                \
-                hi[h] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0F));          \
-            }                                                                                         \
-            for (int r = 0; r < (R); r++) {                                                           \
-                __m256i xa = bcast4((x) + (size_t)r * (k) + 8 * j), xb = bcast4((x) + (size_t)r * (k) + 8 * j + 4); \
-                for (int h = 0; h < 2; h++) s[r][h] = DPBUSD(DPBUSD(s[r][h], lo[h], xa), hi[h], xb);  \
-            }                                                                                         \
-        }                                                                                             \
-    } while (0)
+/* int4: vpdpbusd with the nibbles (u8 0..15) as the unsigned side, the row's int8 as the signed one */
+#define Q4_DOT(acc, lo, hi, xa, xb) DPBUSD(DPBUSD((acc), (lo), (xa)), (hi), (xb))
+#define Q4_WIDEN(a) (a)
 
 #include "kernels_x86_256.h"

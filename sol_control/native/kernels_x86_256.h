@@ -3,7 +3,8 @@
  *   VARIANT         the table's name (a C identifier and its string),
  *   DOT4(acc, x, w) acc + the 8 columns' sums of 4 u8 x (broadcast) times their 4 s8 weights,
  *   EXACT_BELOW     the largest u8 activation DOT4 sums exactly (255: every one),
- *   Q4_BLOCK_SUMS   s[r][half] for R rows: a record's nibbles against each row's int8 block.
+ *   Q4_DOT(acc, lo, hi, xa, xb)  acc + the low nibbles (u8) times xa and the high ones times xb (s8),
+ *   Q4_WIDEN(a)     those sums as int32.
  * AVX2's vpmaddubsw saturates a pair of u8 x s8 products above 32,767: its rows with an activation
  * above 128 (a static input past twice its calibrated |max|) go through as two exact halves, min(x,
  * 128) and x - 128 saturated at 0, their sums added in int32. */
@@ -101,9 +102,35 @@ static void gemm_s8_256(const Linear *L, const uint8_t *q, int R, int b0, int b1
 }
 
 /* int4: one group of 16 outputs for R <= Q4_SUB rows: per block, the integer sums of its nibbles
- * against each row's int8 block (Q4_BLOCK_SUMS, one 32-byte slice of nibbles at a time so that the
- * rows' sums stay in registers), less xc, then acc = fma(sum, scale x xs, acc), fma(mins, bs, acc) */
+ * against each row's int8 block (q4_block_sums), less xc, then acc = fma(sum, scale x xs, acc),
+ * fma(mins, bs, acc) */
 #define Q4_SUB 4
+
+/* s[r][half]: the integer sums of a record's nibbles against each of R rows' int8 blocks (x, rows k
+ * apart), one 32-byte slice of nibbles (8 outputs x 4 inputs) at a time so that the rows' sums stay
+ * in registers */
+static inline __attribute__((always_inline)) void q4_block_sums(__m256i s[Q4_SUB][2], const uint8_t *p,
+                                                               const int8_t *x, int k, const int R) {
+    __m256i acc[Q4_SUB][2];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    for (int j = 0; j < 4; j++) {
+        __m256i lo[2], hi[2];
+        for (int h = 0; h < 2; h++) {
+            __m256i raw = _mm256_loadu_si256((const __m256i *)(p + 64 * j + 32 * h));
+            lo[h] = _mm256_and_si256(raw, _mm256_set1_epi8(0x0F));
+            hi[h] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0F));
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            __m256i xa = bcast4(x + (size_t)r * k + 8 * j), xb = bcast4(x + (size_t)r * k + 8 * j + 4);
+            for (int h = 0; h < 2; h++) acc[r][h] = Q4_DOT(acc[r][h], lo[h], hi[h], xa, xb);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+        for (int h = 0; h < 2; h++) s[r][h] = Q4_WIDEN(acc[r][h]);
+}
 static inline __attribute__((always_inline)) void q4_group(const Linear *L, const int8_t *q, const float *xs,
                                                           const float *bs, const int32_t *xc, const int R, int g,
                                                           float *y) {
@@ -114,7 +141,7 @@ static inline __attribute__((always_inline)) void q4_group(const Linear *L, cons
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++, p += Q4_RECORD) {
         __m256i s[Q4_SUB][2];
-        Q4_BLOCK_SUMS(s, p, q + b * Q4_BLOCK, k, R);
+        q4_block_sums(s, p, q + b * Q4_BLOCK, k, R);
         const __m256 ws[2] = {_mm256_loadu_ps((const float *)(p + 256)), _mm256_loadu_ps((const float *)(p + 288))};
         const __m256 mins[2] = {_mm256_loadu_ps((const float *)(p + 320)), _mm256_loadu_ps((const float *)(p + 352))};
 #pragma GCC unroll 4

@@ -157,7 +157,8 @@ def _common_values(d: Decision) -> list[KeyValue]:
             KeyValue(key="frame_id", value=d.frame_id),
             *(KeyValue(key=k, value=f"{getattr(d, k):.4f}") for k in STAGE_FIELDS),
             KeyValue(key="cpu_ms", value=f"{d.cpu_ms:.4f}"),
-            KeyValue(key="policy_overruled", value="true" if d.policy_overruled else "false")]
+            KeyValue(key="policy_overruled", value="true" if d.policy_overruled else "false"),
+            KeyValue(key="bundle_sha256", value=d.bundle_sha256)]
 
 
 def decision_to_status(d: Decision) -> DiagnosticStatus:
@@ -206,7 +207,7 @@ def _decision_from_kv(name: str, kv: dict[str, str]) -> Decision:
                     kv["deadline_met"] == "true", int(kv["stamp"]), kv["frame_id"],
                     fast_failure=Failure.parse(fast_failure), full_failure=Failure.parse(full_failure),
                     eject_time_ns=int(kv.get("eject_time", "0")), cpu_ms=float(kv.get("cpu_ms", "nan")),
-                    policy_overruled=kv.get("policy_overruled") == "true",
+                    policy_overruled=kv.get("policy_overruled") == "true", bundle_sha256=kv.get("bundle_sha256", ""),
                     **{k: float(kv.get(k, "nan")) for k in STAGE_FIELDS})
 
 

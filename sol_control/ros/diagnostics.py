@@ -3,7 +3,9 @@
 Per task: decisions/s, latency p50/p99 (sensor stamp -> decision), deadline hit rate, decisions by
 source, fallbacks by the fast path's failure, safe defaults by final reason, speculative
 acceptance, audit agreement, the per-class policy's routes, CPU ms and joules per decision by
-source, the fast path's backend (its kernel variant and the times that chose it). Node-wide:
+source, the fast path's backend (its kernel variant and the times that chose it), the bundle
+deciding (`bundle`, `bundle_sha256` of its manifest) and its swaps; a configured task has its
+status from configure on, before its first decision. Node-wide:
 rejected inputs by reason, superseded frames, offered deadline misses, sensor timeout, lifecycle
 state and configure errors, how joules are obtained (measured or estimated).
 Statuses are named `<line>/sol_control: <task>` with hardware_id `<line>` for a node in namespace
@@ -128,7 +130,8 @@ class NodeStats:
             kv += list((node_extra or {}).items())
             name, hardware_id = (f"{line}/sol_control", line) if line else ("sol_control", "sol_control")
             out.status.append(_status(node_level, f"{name}: node", msg, kv, hardware_id))
-            for task, t in sorted(self.tasks.items()):
+            for task in sorted(set(self.tasks) | set(extra)):
+                t = self.tasks.get(task) or TaskStats()
                 lat = np.fromiter(t.latency_ms, float) if t.latency_ms else np.array([math.nan])
                 recent = sum(1 for x in t.times_ns if now - x <= 1_000_000_000)
                 hit = (sum(t.met) / len(t.met)) if t.met else math.nan
@@ -148,6 +151,18 @@ class NodeStats:
                     level = DiagnosticStatus.WARN
                 out.status.append(_status(level, f"{name}: {task}", f"hit rate {hit:.4f}", kv, hardware_id))
         return out
+
+
+def task_extra(core: dict[str, dict], runners: dict, swaps) -> dict[str, dict]:
+    """Per task, the values /diagnostics shows beside its counters: the core's (Coprocessor.stats:
+    the bundle deciding, the fast path's backend, the latency models, the audit), the runner's
+    watchdog, the bundle swaps (ros.bundle_swap.BundleSwaps)."""
+    for task, values in core.items():
+        watchdog = runners[task].watchdog if task in runners else None
+        if watchdog is not None:
+            values.update(watchdog_fired=watchdog.fired, late_results_discarded=watchdog.discarded)
+        values.update(swaps.key_values(task))
+    return core
 
 
 def backend_kv(info: dict | None) -> list[tuple[str, object]]:

@@ -14,6 +14,7 @@ start the runners, publish. deactivate stops the runners and destroys the decisi
 their liveliness (AUTOMATIC, `qos.liveliness_lease_ms`) tells subscribers whether a node that
 decides is there: a dead or inactive node has none. cleanup/shutdown release sessions and topics.
 `autostart` (default true) does configure + activate at start for users without a lifecycle manager.
+`qc.bundle` / `grasp.bundle` set while configured swap that task's bundle between two frames (ros.bundle_swap).
 """
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ from sol_control.decision import Decision
 from sol_control.energy import EnergyMeter
 from sol_control.gc_pauses import GcPauses
 from sol_control.ros import convert, qos
-from sol_control.ros.diagnostics import NodeStats
+from sol_control.ros.bundle_swap import SWAP_PARAMS, BundleSwaps, named
+from sol_control.ros.diagnostics import NodeStats, task_extra
 from sol_control.ros.image_pump import ImagePump
 from sol_control.ros.outputs import DecisionOutputs
 from sol_control.ros.params import declare_config
@@ -63,6 +65,7 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
         if self._param_error:
             self.get_logger().error(f"invalid parameters, node will not configure: {self._param_error}")
         self.energy = EnergyMeter(self.cfg.energy.watts_per_busy_core)  # RAPL if readable, else estimated
+        self.bundle_swaps = BundleSwaps(self.get_logger())
         self.add_on_set_parameters_callback(self._on_set_parameters)
         self._subs: list = []
         self._images: ImagePump | None = None
@@ -82,7 +85,9 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
             new = from_flat(changes, base=self.cfg)
         except ValueError as e:
             return SetParametersResult(successful=False, reason=str(e))
-        structural = sorted(set(changes) & set(STRUCTURAL))
+        if self.cop is not None and (refused := self.bundle_swaps.apply(self.cop, self.runners, changes, new)):
+            return SetParametersResult(successful=False, reason=refused)
+        structural = sorted(set(changes) & set(STRUCTURAL) - set(SWAP_PARAMS))
         if structural and self.cop is not None:
             self.get_logger().info(f"{', '.join(structural)} take effect at the next configure")
         self.cfg = new
@@ -270,6 +275,7 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
     def _publish(self, d: Decision) -> None:
         """A labelled decision (the runner relabelled it at publish time) on its topics."""
         frame_id = (self.cfg.grasp.frame_id or d.frame_id) if d.task == "grasp" else d.frame_id
+        d = named(d, self.cop)  # the runner's own answers carry the bundle deciding too
         try:
             self.outputs.publish(d, frame_id)
         except Exception as e:  # noqa: BLE001 - e.g. publishers torn down during deactivate
@@ -282,18 +288,12 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
         self.stats.offered_deadline_missed += int(info.total_count_change)
 
     def _publish_diagnostics(self) -> None:
-        extra = self.cop.stats() if self.cop is not None else {}
-        for task, runner in self.runners.items():
-            if task in extra and runner.watchdog is not None:
-                extra[task]["watchdog_fired"] = runner.watchdog.fired
-                extra[task]["late_results_discarded"] = runner.watchdog.discarded
-        err = self.config_error or self._param_error
+        extra = task_extra(self.cop.stats() if self.cop is not None else {}, self.runners, self.bundle_swaps)
         self.energy.update()
-        msg = self.stats.to_msg(self.get_clock().now().to_msg(), self._state, err, extra,
-                                sum(r.frames.superseded for r in self.runners.values()), self.energy,
-                                self.get_namespace().strip("/"),
-                                {**self.startup.key_values(), **self.gc_pauses.key_values()})
-        self._diag_pub.publish(msg)
+        self._diag_pub.publish(self.stats.to_msg(
+            self.get_clock().now().to_msg(), self._state, self.config_error or self._param_error, extra,
+            sum(r.frames.superseded for r in self.runners.values()), self.energy, self.get_namespace().strip("/"),
+            {**self.startup.key_values(), **self.gc_pauses.key_values()}))
 
     def _log_limited(self, key: str, text: str) -> None:
         now = time.monotonic()
