@@ -54,7 +54,7 @@ native: $(NATIVE)
 demo: $(STAMP) $(NATIVE)
 	$(VENV)/bin/sol-control demo $(DEMO_ARGS)
 
-test: $(STAMP) $(SDF_CHECK) $(NATIVE) $(CROSS_TOOLS)
+test: $(STAMP) $(TRAIN_STAMP) $(SDF_CHECK) $(NATIVE) $(CROSS_TOOLS)
 	SOL_CONTROL_REQUIRE_CROSS=1 $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # The NEON kernels' check (tests/test_native_isa.py): Debian's aarch64 cross compiler and qemu-user

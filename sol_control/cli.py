@@ -19,6 +19,7 @@ COMMANDS = {
     "import": ("sol_control.lm.importer", "a GGUF, Hugging Face or ONNX model -> a verified LM bundle"),
     "generate": ("sol_control.lm.generate", "greedy text from a language model bundle (speculative with a draft)"),
     "doctor": ("sol_control.doctor", "this PC: CPU, kernels, ms per decision per bundle and precision, do the deadlines hold"),
+    "train": ("sol_control.train.command", "a QC bundle from your own labelled images (good/, defect/<kind>/): fine-tune, export, check"),
 }
 BENCHES = {
     "decode": ("sol_control.bench.decode_bench", "decoder: standard vs quantized vs speculative"),

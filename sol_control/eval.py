@@ -1,4 +1,5 @@
-"""`sol-control eval`: a bundle's accuracy on generated test or held-out scenes, per precision.
+"""`sol-control eval`: a bundle's accuracy on generated test or held-out scenes, or on a labelled
+image folder, per precision.
 
 Scenes are regenerated from their seeds (`sol_control.tasks`), tokenized with the bundle's own
 observation tokenizer, decoded with the engine (plain greedy per target precision; speculative
@@ -8,7 +9,13 @@ greedy), and scored against the analytic labels. QC: `accuracy` (class exact), `
 pi, width <= width tolerance, all from the manifest) plus per-dimension errors. Speculative
 variants add `acceptance` (accepted / proposed guesses) and `tokens_per_target_pass`.
 
+A QC folder (`--folder DIR`: good/ and defect/<kind>/ images, optional positions.csv; the layout of
+`sol-control train`, sol_control/train/folder.py) is read with OpenCV and the node's perception, and
+scored the same way, plus a confusion matrix (rows: the folder's classes; columns: the bundle's,
+then "none" for no valid decision); a defect's position is scored where the CSV gives it.
+
     sol-control eval --bundle models/qc [--split test|heldout] [--n 500] [--json PATH]
+    sol-control eval --bundle my_bundle --folder DIR [--positions CSV] [--json PATH]
 """
 from __future__ import annotations
 
@@ -26,6 +33,7 @@ from .decoding import greedy, open_decoder, speculate, speculate_heads
 from .perception import ObservationTokenizer
 
 DEFAULT_N = {"test": 500, "heldout": 500}
+LOCATED = ("scratch", "crack", "discoloration")  # scene classes whose u, v mark the defect itself (scored)
 
 
 def scenes(task: str, split: str, n: int, start: int = 0) -> list:
@@ -50,8 +58,9 @@ def _yaw_err(a: float, b: float) -> float:
     return abs((a - b + math.pi / 2) % math.pi - math.pi / 2)
 
 
-def score(task: str, manifest, decisions: list, labels: list[dict]) -> dict:
-    """Metrics of decoded decisions (None = no decision) against analytic labels."""
+def score(task: str, manifest, decisions: list, labels: list[dict], located: tuple[str, ...] = LOCATED) -> dict:
+    """Metrics of decoded decisions (None = no decision) against labels. QC positions are scored for
+    the `located` classes where the label has one (u not NaN) and the class is right."""
     n = len(labels)
     if task == "qc":
         correct = sum(d is not None and d.defect == lab["defect"] for d, lab in zip(decisions, labels))
@@ -60,7 +69,7 @@ def score(task: str, manifest, decisions: list, labels: list[dict]) -> dict:
         caught = sum(d is None or d.defect != "ok" for d, _ in bad)
         false_rej = sum(d is None or d.defect != "ok" for d, _ in good)
         loc = [math.hypot(d.u - lab["u"], d.v - lab["v"]) for d, lab in bad
-               if d is not None and lab["defect"] in ("scratch", "crack", "discoloration") and d.defect == lab["defect"]]
+               if d is not None and lab["defect"] in located and d.defect == lab["defect"] and math.isfinite(lab["u"])]
         return {"accuracy": correct / n, "defect_recall": caught / max(len(bad), 1),
                 "false_reject_rate": false_rej / max(len(good), 1),
                 "location_err_p50": float(np.median(loc)) if loc else None, "n": n}
@@ -143,34 +152,76 @@ def variants(bundle: Bundle, precisions: tuple[str, ...], relax_delta: int = 0) 
     return out
 
 
+def confusion(decisions: list, labels: list[dict], rows: tuple[str, ...], cols: tuple[str, ...]) -> dict:
+    """QC counts: rows = the true classes `rows`, columns = the predicted classes `cols` then "none"
+    (no valid decision)."""
+    counts = np.zeros((len(rows), len(cols) + 1), np.int64)
+    for d, lab in zip(decisions, labels):
+        counts[rows.index(lab["defect"]), len(cols) if d is None else cols.index(d.defect)] += 1
+    return {"rows": list(rows), "cols": [*cols, "none"], "counts": counts.tolist()}
+
+
+def score_variants(bundle: Bundle, prefixes: list, labels: list[dict],
+                   precisions: tuple[str, ...] = ("fp32", "int8", "int4"), k: int = 4, relax_delta: int = 0,
+                   quiet: bool = True, located: tuple[str, ...] = LOCATED,
+                   classes: tuple[str, ...] | None = None) -> dict[str, dict]:
+    """Every variant of `bundle` (`variants`) decoded on `prefixes` (None: no observation) and scored
+    against `labels`, by variant name; with `classes` (the true QC classes) a confusion matrix a row."""
+    m = bundle.manifest
+    acts = ActionTokenizer.from_manifest(m)
+    t0, rows, ref_tokens = time.monotonic(), {}, None
+    for name, prec, draft_prec, relax, mode in variants(bundle, precisions, relax_delta):
+        tokens, decisions, extra = run_variant(bundle, prec, prefixes, acts.n_tokens, acts, draft_prec, k, relax,
+                                               mode)
+        metrics = score(m.task, m, decisions, labels, located) | extra
+        if ref_tokens is None and name == "fp32":
+            ref_tokens = tokens
+        if ref_tokens is not None:
+            same = [a == b for a, b in zip(tokens, ref_tokens) if a is not None and b is not None]
+            metrics["agreement_with_fp32"] = float(np.mean(same)) if same else None
+        if classes is not None:
+            metrics["confusion"] = confusion(decisions, labels, classes, acts.fields[0].labels)
+        rows[name] = metrics
+        if not quiet:
+            print(f"  {name:12s} done ({time.monotonic() - t0:.0f} s)", flush=True)
+    return rows
+
+
+def folder_inputs(bundle: Bundle, folder: str | Path, positions: str | Path | None = None):
+    """A labelled QC folder through the bundle's perception: (train.folder.Encoded, its classes).
+    ValueError for a grasp bundle, a bad folder, or a class the bundle does not have."""
+    from .train.folder import check_classes, encode_folder, read_folder
+
+    m = bundle.manifest
+    if m.task != "qc":
+        raise ValueError(f"bundle {bundle.root}: --folder scores QC bundles; this one is {m.task!r}")
+    labelled = read_folder(Path(folder), Path(positions) if positions else None)
+    check_classes(labelled, ActionTokenizer.from_manifest(m).fields[0].labels)
+    return encode_folder(labelled, ObservationTokenizer.from_bundle(bundle)), labelled.classes
+
+
 def evaluate(bundle_dir: str | Path, split: str = "test", precisions: tuple[str, ...] = ("fp32", "int8", "int4"),
              json_path: str | Path | None = None, n: int | None = None, k: int = 4, quiet: bool = False,
-             relax_delta: int = 0) -> dict:
+             relax_delta: int = 0, folder: str | Path | None = None, positions: str | Path | None = None) -> dict:
+    """The bundle on `n` scenes of `split`, or on a labelled QC `folder` (`positions`: its CSV)."""
     if split not in DEFAULT_N:
         raise ValueError(f"split must be 'test' or 'heldout', got {split!r}")
     bundle = Bundle.load(bundle_dir)
     m = bundle.manifest
     if m.task not in ("qc", "grasp"):
         raise ValueError(f"bundle {bundle_dir}: task {m.task!r} has no evaluation scenes")
-    obs = ObservationTokenizer.from_bundle(bundle)
-    acts = ActionTokenizer.from_manifest(m)
-    n = n or DEFAULT_N[split]
     t0 = time.monotonic()
-    prefixes, labels = encode_scenes(obs, scenes(m.task, split, n))
-    report = {"bundle": m.name, "task": m.task, "split": split, "n": n, "precisions": {}}
-    ref_tokens = None
-    for name, prec, draft_prec, relax, mode in variants(bundle, precisions, relax_delta):
-        tokens, decisions, extra = run_variant(bundle, prec, prefixes, acts.n_tokens, acts, draft_prec, k, relax,
-                                               mode)
-        metrics = score(m.task, m, decisions, labels) | extra
-        if ref_tokens is None and name == "fp32":
-            ref_tokens = tokens
-        if ref_tokens is not None:
-            same = [a == b for a, b in zip(tokens, ref_tokens) if a is not None and b is not None]
-            metrics["agreement_with_fp32"] = float(np.mean(same)) if same else None
-        report["precisions"][name] = metrics
-        if not quiet:
-            print(f"  {name:12s} done ({time.monotonic() - t0:.0f} s)", flush=True)
+    if folder is None:
+        obs = ObservationTokenizer.from_bundle(bundle)
+        prefixes, labels = encode_scenes(obs, scenes(m.task, split, n or DEFAULT_N[split]))
+        report = {"bundle": m.name, "task": m.task, "split": split, "n": len(labels)}
+        report["precisions"] = score_variants(bundle, prefixes, labels, precisions, k, relax_delta, quiet)
+    else:
+        enc, classes = folder_inputs(bundle, folder, positions)
+        report = {"bundle": m.name, "task": m.task, "split": f"folder {folder}", "n": len(enc.labels),
+                  "no_part_found": enc.unusable()}
+        report["precisions"] = score_variants(bundle, enc.prefixes, enc.labels, precisions, k, relax_delta, quiet,
+                                              located=classes[1:], classes=classes)
     report["eval_s"] = round(time.monotonic() - t0, 1)
     if not quiet:
         print(format_table(report))
@@ -185,7 +236,8 @@ def format_table(report: dict) -> str:
     else:
         cols = ["success_rate", "pos_err_mm_p95", "yaw_err_deg_p95", "width_err_mm_p95", "acceptance",
                 "agreement_with_fp32", "decode_ms_p50"]
-    lines = [f"{report['bundle']} ({report['task']}), split {report['split']}, {report['n']} scenes",
+    unit = "images" if report["split"].startswith("folder") else "scenes"
+    lines = [f"{report['bundle']} ({report['task']}), split {report['split']}, {report['n']} {unit}",
              f"{'variant':12s} " + " ".join(f"{c:>20s}" for c in cols)]
     for name, met in report["precisions"].items():
         cells = []
@@ -193,6 +245,16 @@ def format_table(report: dict) -> str:
             v = met.get(c)
             cells.append(f"{'-':>20s}" if v is None else f"{v:20.4f}")
         lines.append(f"{name:12s} " + " ".join(cells))
+    for name, met in report["precisions"].items():
+        if "confusion" in met and "+" not in name:  # speculative rows decide as their plain row
+            lines += ["", f"{name}: true class (rows) x decided class (columns)", format_confusion(met["confusion"])]
+    return "\n".join(lines)
+
+
+def format_confusion(conf: dict) -> str:
+    width = max(len(c) for c in conf["rows"] + conf["cols"]) + 1
+    lines = [" " * width + "".join(f"{c:>{width}s}" for c in conf["cols"])]
+    lines += [f"{r:>{width}s}" + "".join(f"{n:>{width}d}" for n in row) for r, row in zip(conf["rows"], conf["counts"])]
     return "\n".join(lines)
 
 
@@ -205,11 +267,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--relax-delta", type=int, default=0,
                    help="also evaluate lossy relaxed speculation (draft bin within N bins accepted)")
     p.add_argument("--json", dest="json_path", default=None)
+    p.add_argument("--folder", default=None,
+                   help="score on a labelled QC image folder instead (good/, defect/<kind>/; docs/TRAINING.md)")
+    p.add_argument("--positions", default=None,
+                   help="with --folder: CSV of defect positions (file,u,v); default FOLDER/positions.csv if present")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.positions and not args.folder:
+        raise ValueError("--positions goes with --folder")
     evaluate(args.bundle, args.split, tuple(args.precisions.split(",")), args.json_path, args.n, args.k,
-             relax_delta=args.relax_delta)
+             relax_delta=args.relax_delta, folder=args.folder, positions=args.positions)
     return 0
 
 

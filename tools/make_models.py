@@ -27,6 +27,8 @@ sys.path.insert(0, str(ROOT))
 import train as T  # noqa: E402
 
 from sol_control.bundle import write_manifest  # noqa: E402
+from sol_control.train.export import FUSED, build_fused, fused_parity, spec  # noqa: E402
+from sol_control.train.guess import GUESS_POSITIONS, GUESSES, write_guesses  # noqa: E402
 
 N_REF = 3  # parity reference sequences per bundle
 N_TRAIN = {"qc": 16000, "grasp": 16000}
@@ -47,22 +49,6 @@ def stage(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-FUSED = {p: f"target_fused_{p}.onnx" for p in ("fp32", "int8", "int4")}
-
-
-def fused_parity(model, path: Path, n_tokens: int = 24, seed: int = 0) -> float:
-    """Max |logits_ort - logits_torch| of a fused graph, the prefix fed in three calls."""
-    from export import torch_logits
-
-    from sol_control.decoding.fused import FusedDecoderSession
-
-    ids = np.random.default_rng(seed).integers(4, model.config.vocab_size, n_tokens)
-    sess = FusedDecoderSession(path)
-    got = np.concatenate([sess.forward(ids[:n_tokens // 2]).copy(), sess.forward(ids[n_tokens // 2:-1]).copy(),
-                          sess.forward(ids[-1:]).copy()])
-    return float(np.abs(got - torch_logits(model, ids)).max())
-
-
 def export_bundle(task: str, out: Path, work: Path) -> dict:
     """The target's Optimum export (the fp32 reference; the peers' weights are read back from it),
     the draft's, and the engine's fused graphs (fp32, int8, int4) with the draft heads inside."""
@@ -70,7 +56,6 @@ def export_bundle(task: str, out: Path, work: Path) -> dict:
     from export import export_decoder, parity
 
     from sol_control.graph.from_onnx import read_decoder
-    from sol_control.graph.llama import build_decoder
     from sol_control.graph.weights import DraftHeads
 
     target, draft = T.load_model(work / "target"), T.load_model(work / "draft")
@@ -82,11 +67,7 @@ def export_bundle(task: str, out: Path, work: Path) -> dict:
     export_decoder(draft, out / "draft_fp32.onnx", opset=23, max_context=T.MAX_CONTEXT)
     weights = read_decoder(out / "target_fp32.onnx", T.MAX_CONTEXT)
     weights.heads = DraftHeads.load(work / "heads.npz")
-    # int4: 4-bit blocks of 32 with zero points and an 8-bit lm_head (the builder's defaults, byte
-    # for byte what tools/quantize.py made before): fine 256-bin action tokens hang on small logit
-    # gaps that a 4-bit lm_head blurs. See models/README.md.
-    for precision, name in FUSED.items():
-        build_decoder(weights, out / name, precision)
+    build_fused(weights, out, tuple(FUSED))  # int4 byte for byte what tools/quantize.py made before
     info = {"parity_max_abs_fp32": parity(target, out / "target_fp32.onnx"),
             "parity_max_abs_fused_fp32": fused_parity(target, out / FUSED["fp32"]),
             "parity_max_abs_draft": parity(draft, out / "draft_fp32.onnx")}
@@ -108,30 +89,21 @@ def build_static_int8(out: Path) -> dict:
     The manifest must exist, and has to be written again afterwards (sha256)."""
     from sol_control.bundle import Bundle
     from sol_control.graph.calibrate import bundle_static_int8
-    from sol_control.graph.llama import build_decoder
+    from sol_control.train.export import build_static_int8 as write_static_int8
 
     weights, record = bundle_static_int8(Bundle.load(out))
-    build_decoder(weights, out / FUSED["int8"], "int8", int8_activations="static")
+    write_static_int8(weights, out)
     return record
 
 
-GUESSES = "guesses.npz"
-# answer tokens the prefill guesses (sol_control.decoding.guesses), per task, and the training
-# scenes it learns them from (the int8 target's own greedy answers). QC: the whole answer but the
-# severity, which the last checked row then decides itself. Grasp: 6 of 15 tokens (its 5th, the
-# width, is guessed right ~45 % of the time, so later guesses pay little: 6 / 8 / 14 positions gave
-# 3.45 / 3.44 / 2.85 calls a decision but the same ms, 1.70 / 1.69 / 1.73; none 4.40 calls, 2.05 ms)
-GUESS_POSITIONS = {"qc": 3, "grasp": 6}
-N_GUESS_TRAIN = 6000
+N_GUESS_TRAIN = 6000  # training scenes the answer guesser learns from (sol_control.train.guess)
 
 
 def fit_guesses(task: str, out: Path) -> dict:
     """The bundle's answer guesser (guesses.npz): a softmax regression per answer position from
     the observation tokens to the int8 target's greedy answers on training scenes (numpy, ~3
-    minutes). The manifest must list it afterwards (`target.guesses`, sha256)."""
+    minutes; sol_control.train.guess). The manifest must list it afterwards (`target.guesses`, sha256)."""
     from sol_control.bundle import Bundle
-    from sol_control.decoding import greedy, open_decoder
-    from sol_control.decoding.guesses import fit_guesser
     from sol_control.eval import encode_scenes, scenes
     from sol_control.perception import ObservationTokenizer
 
@@ -139,22 +111,7 @@ def fit_guesses(task: str, out: Path) -> dict:
     n_pos = GUESS_POSITIONS[task]
     stage(f"{task}: answer guesses for {n_pos} tokens ({N_GUESS_TRAIN} training scenes)")
     prefixes, _ = encode_scenes(ObservationTokenizer.from_bundle(bundle), scenes(task, "train", N_GUESS_TRAIN))
-    prefixes = [p for p in prefixes if p is not None]
-    target = open_decoder(bundle, "target", "int8")
-    answers = []
-    for p in prefixes:
-        answers.append(greedy(target, p, n_pos).tokens)
-        target.reset()
-    guesser = fit_guesser(prefixes, np.array(answers), bundle.manifest.vocab.size, n_pos)
-    guesser.save(out / GUESSES)
-    right = [guesser.guess(p) == a for p, a in zip(prefixes[:500], answers[:500])]
-    return {"positions": n_pos, "train_scenes": len(prefixes), "train_all_right": round(float(np.mean(right)), 3)}
-
-
-def spec(model, files: dict[str, str], **extra) -> dict:
-    c = model.config
-    return {"n_layers": c.num_hidden_layers, "n_kv_heads": c.num_key_value_heads, "head_dim": c.head_dim,
-            "hidden_size": c.hidden_size, "params": T.n_params(model), "files": files, **extra}
+    return write_guesses(bundle, [p for p in prefixes if p is not None], n_pos)
 
 
 def manifest_dict(task: str, out: Path, work: Path, metrics: dict) -> dict:
@@ -266,7 +223,6 @@ def refresh_graphs(task: str, args) -> None:
     byte for byte the same)."""
     from sol_control.bundle import Bundle
     from sol_control.graph.from_onnx import read_decoder, read_heads
-    from sol_control.graph.llama import build_decoder
     from sol_control.graph.weights import DraftHeads
 
     out = Path(args.out) / task
@@ -274,9 +230,7 @@ def refresh_graphs(task: str, args) -> None:
     weights = read_decoder(out / m.target.files["fp32"], m.max_context)
     weights.heads = DraftHeads.load(args.heads) if args.heads else read_heads(out / m.target.fused["fp32"])
     stage(f"{task}: rebuild {', '.join(FUSED)} fused graphs ({weights.heads.k} draft heads)")
-    for precision, name in FUSED.items():
-        if precision != "int8":  # build_static_int8 below writes it, from the fp32 graph just rebuilt
-            build_decoder(weights, out / name, precision)
+    build_fused(weights, out, ("fp32", "int4"))  # int8: build_static_int8 below, from the fp32 graph just rebuilt
     manifest = json.loads((out / "manifest.json").read_text())
     manifest["target"]["draft_heads"] = weights.heads.k
     write_manifest(out, manifest)  # new sha256, so the engine loads the new files
