@@ -9,6 +9,7 @@ event while frames are decided, and every wait is a condition.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shutil
@@ -280,7 +281,10 @@ def _frame(clock: ManualClock, stamp: int) -> Telemetry:
     return Telemetry(Frame(np.zeros((8, 8, 3), np.uint8), stamp, clock.now_ns(), "qc_camera"))
 
 
-def test_work_handed_to_the_runner_runs_between_frames_never_during_one():
+@contextlib.contextmanager
+def _runner_held_in_a_frame():
+    """A runner whose first frame's decision is held until `cop.go` is set: (runner, cop, published,
+    ran, clock)."""
     clock = ManualClock()
     cop, published, ran = HeldStep(clock), [], []
     runner = TaskRunner("qc", cop, published.append, CountingHooks(), clock)
@@ -288,6 +292,14 @@ def test_work_handed_to_the_runner_runs_between_frames_never_during_one():
     try:
         runner.offer(_frame(clock, 1))
         assert cop.stepping.wait(10.0)
+        yield runner, cop, published, ran, clock
+    finally:
+        cop.go.set()
+        runner.stop()
+
+
+def test_work_handed_to_the_runner_runs_between_frames_never_during_one():
+    with _runner_held_in_a_frame() as (runner, cop, published, ran, _):
         answer: list[bool] = []
         handing = threading.Thread(target=lambda: answer.append(runner.at_boundary(lambda: ran.append(len(published)))))
         handing.start()
@@ -296,27 +308,15 @@ def test_work_handed_to_the_runner_runs_between_frames_never_during_one():
         cop.go.set()
         handing.join(10.0)
         assert answer == [True] and ran == [1]  # after the frame's answer was published, not before
-    finally:
-        cop.go.set()
-        runner.stop()
 
 
 def test_work_that_meets_no_frame_boundary_in_time_never_runs():
-    clock = ManualClock()
-    cop, published, ran = HeldStep(clock), [], []
-    runner = TaskRunner("qc", cop, published.append, CountingHooks(), clock)
-    runner.start()
-    try:
-        runner.offer(_frame(clock, 1))
-        assert cop.stepping.wait(10.0)
+    with _runner_held_in_a_frame() as (runner, cop, published, ran, clock):
         assert runner.at_boundary(lambda: ran.append("late"), timeout_s=0.05) is False
         cop.go.set()
         runner.offer(_frame(clock, 2))
         assert wait_for(lambda: len(published) == 2, 10.0)
         assert ran == []
-    finally:
-        cop.go.set()
-        runner.stop()
     idle = TaskRunner("qc", HeldStep(clock), published.append, CountingHooks(), clock)
     assert idle.at_boundary(lambda: ran.append("now")) and ran == ["now"]  # no worker: at once
 
