@@ -104,8 +104,7 @@ def test_auto_on_grasp_int8_measures_both_and_keeps_the_faster_or_native_within_
     much slower than ONNX Runtime here: the case `auto` must not lose)."""
     if variant is not None:
         monkeypatch.setenv(isa.ENV, variant)
-        if bc.library_variant() != variant:
-            pytest.skip(f"this library does not run the {variant} kernels on request")
+        assert bc.library_variant() == variant  # generic C runs on every CPU
     sess = open_decoder(grasp, "target", "int8")
     info = sess.backend_info
     assert set(info) == KEYS and len(measured) == 1  # step + verify; grasp's guessed prefills keep C
