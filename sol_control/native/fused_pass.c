@@ -47,7 +47,6 @@ void sol_sync_keys(const Model *m, const float *kv, float *keys_t, int L0, int L
     }
 }
 
-
 /* One call: ids [T] after L cached positions (kv: [2 * layers][kv_heads][capacity][head_dim], the
  * new rows written at L..L+T-1, and keys_t the same keys transposed, sol_keys_t_floats); logits
  * [rows][vocab] and probs [rows] of the last `rows` ids. With draft heads: accepted [2] = n, how
