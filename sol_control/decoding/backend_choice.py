@@ -167,15 +167,10 @@ def cache_path() -> Path:
 
 
 def library_variant() -> str | None:
-    """The kernel variant the loaded native library runs, None without one (`native.library_variant`
-    where the library reports it, else the CPU probe's variant)."""
-    from ..native import isa
+    """The kernel variant a native session opened now runs, None without the library."""
     from . import native
 
-    reported = getattr(native, "library_variant", None)
-    if reported is not None:
-        return reported()
-    return None if native.library() is None else isa.describe()["variant"]
+    return native.library_variant()
 
 
 @functools.lru_cache(maxsize=8)

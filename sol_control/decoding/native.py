@@ -126,10 +126,7 @@ def kernels(variant: str | None = None) -> int:
         variant = isa.requested()
     if variant is None:
         return lib.sol_kernels_best()
-    lacking = isa.missing_flags(variant)
-    if lacking:
-        raise ValueError(f"kernel variant {variant!r}: this CPU ({isa.cpu_model()}) lacks {', '.join(lacking)}; "
-                         f"it runs {', '.join(isa.runnable())}")
+    isa.check(variant, f"kernel variant {variant!r}")
     table = lib.sol_kernels(variant.encode())
     if not table:
         raise ValueError(f"kernel variant {variant!r} is not in {LIBRARY} or the CPU refuses it "

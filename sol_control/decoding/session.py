@@ -367,13 +367,11 @@ def open_decoder(bundle, role: str, precision: str, threads: int = 1, name: str 
             layout != "fused" or bundle.decoder_layout(role, prefill_precision) != "fused"):
         raise ValueError(f"bundle {bundle.root}: a {prefill_precision} prefill for the {precision} {role} "
                          "needs both in the fused layout")
-    choice = backend_choice(backend)
-    if choice == "native" and backend != "native" and layout != "fused":
-        choice = "onnxruntime"  # SOL_CONTROL_BACKEND=native: the native pass wherever it computes the graph
+    choice = backend_choice(backend)  # "native" from SOL_CONTROL_BACKEND: where the native pass computes it
     if layout == "fused":
         prefill = prefill_precision if prefill_precision != precision else None
         sess = _fused_session(bundle, role, precision, prefill, context, threads, name, choice, backend)
-    elif choice == "native":
+    elif backend == "native":
         raise ValueError(f"{path}: backend 'native' needs a fused graph, this one is {layout!r}")
     else:
         sess = DecoderSession(path, context, threads=threads, name=name,

@@ -106,11 +106,16 @@ def requested() -> str | None:
         return None
     if name not in FORCEABLE:
         raise ValueError(f"{ENV} must be auto or one of {FORCEABLE}, got {name!r}")
-    lacking = missing_flags(name)
+    return check(name, f"{ENV}={name}")
+
+
+def check(variant: str, what: str) -> str:
+    """`variant`, or ValueError naming `what` and the flags this CPU lacks for it."""
+    lacking = missing_flags(variant)
     if lacking:
-        raise ValueError(f"{ENV}={name}: this CPU ({cpu_model()}) lacks {', '.join(lacking)}; "
+        raise ValueError(f"{what}: this CPU ({cpu_model()}) lacks {', '.join(lacking)}; "
                          f"it runs {', '.join(runnable())}")
-    return name
+    return variant
 
 
 def describe() -> dict:

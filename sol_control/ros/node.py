@@ -34,7 +34,7 @@ from sol_control.decision import Decision
 from sol_control.energy import EnergyMeter
 from sol_control.gc_pauses import GcPauses
 from sol_control.ros import convert, qos
-from sol_control.ros.bundle_swap import SWAP_PARAMS, BundleSwaps, named
+from sol_control.ros.bundle_swap import BundleSwaps, named
 from sol_control.ros.diagnostics import NodeStats, task_extra
 from sol_control.ros.image_pump import ImagePump
 from sol_control.ros.outputs import DecisionOutputs
@@ -87,7 +87,7 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
             return SetParametersResult(successful=False, reason=str(e))
         if self.cop is not None and (refused := self.bundle_swaps.apply(self.cop, self.runners, changes, new)):
             return SetParametersResult(successful=False, reason=refused)
-        structural = sorted(set(changes) & set(STRUCTURAL) - set(SWAP_PARAMS))
+        structural = sorted(set(changes) & set(STRUCTURAL))
         if structural and self.cop is not None:
             self.get_logger().info(f"{', '.join(structural)} take effect at the next configure")
         self.cfg = new
