@@ -84,9 +84,9 @@ def test_each_round_times_every_row_alone_in_turn_and_also_interleaved(monkeypat
     calls = []  # (row, cold) of every decision, in order
     decode = decode_bench.Row.decode
 
-    def logged(self, prefix, new_tokens, k, cold):
+    def logged(self, prefix, max_new, stops=(), k=None, cold=False):
         calls.append((self.name, cold))
-        return decode(self, prefix, new_tokens, k, cold)
+        return decode(self, prefix, max_new, stops, k, cold)
 
     monkeypatch.setattr(decode_bench.Row, "decode", logged)
     monkeypatch.setattr(decode_bench, "PACE_S", 0.0)

@@ -56,6 +56,7 @@ def bench(tmp_path_factory):
     return root, root / "bundle", json.loads((root / "out" / "summary.json").read_text())
 
 
+@pytest.mark.process  # the `bench` run starts RSS probes
 def test_summary_has_every_key_and_row(bench):
     root, _, s = bench
     assert KEYS <= set(s), KEYS - set(s)
@@ -87,6 +88,7 @@ def test_summary_has_every_key_and_row(bench):
     assert "ultrafast" in (root / "out" / "README.md").read_text()
 
 
+@pytest.mark.process  # the `bench` run starts RSS probes
 def test_speculative_rows_are_lossless_and_fp32_agrees_with_itself(bench):
     _, _, s = bench
     assert s["lossless"] is True and len(s["lossless_detail"]) == 8
@@ -101,6 +103,7 @@ def test_speculative_rows_are_lossless_and_fp32_agrees_with_itself(bench):
             assert s["agreement"][t]["fp32 + draft"][part]["answers_equal_share"] == 1.0
 
 
+@pytest.mark.process  # the `bench` run starts RSS probes
 def test_bundle_is_reused_until_a_source_changes(bench, monkeypatch):
     root, bundle, _ = bench
     stamp = (bundle / "manifest.json").stat().st_mtime_ns
@@ -124,6 +127,7 @@ def test_bundle_is_reused_until_a_source_changes(bench, monkeypatch):
     assert len(calls) == 2 and "--draft" in calls[-1]  # a new draft: imported again
 
 
+@pytest.mark.process  # the `bench` run starts RSS probes
 def test_sources_symmetric_import_only_from_a_gguf_and_not_with_no_symmetric(bench):
     from argparse import Namespace
 
@@ -138,6 +142,7 @@ def test_sources_symmetric_import_only_from_a_gguf_and_not_with_no_symmetric(ben
     assert given == (bundle, [None, None], root / "tiny.gguf")  # --bundle: run as it is, no second import
 
 
+@pytest.mark.process  # the `bench` run starts RSS probes
 def test_symmetric_heads_are_a_third_import_with_a_lossless_heads_and_lookup_row(bench, tmp_path):
     """--symmetric-heads: the symmetric import again, with those heads and without the draft model;
     its one row, "int4-symmetric + draft + lookup", speculates with the heads and prompt lookup and
@@ -170,6 +175,7 @@ def test_symmetric_heads_are_a_third_import_with_a_lossless_heads_and_lookup_row
         lm_bench._sources(Namespace(**{**vars(args), "symmetric_heads": tmp_path / "missing.npz"}))
 
 
+@pytest.mark.process  # the `bench` run starts RSS probes
 def test_speculative_row_stops_where_plain_greedy_stops(bench):
     _, bundle, _ = bench
     b = Bundle.load(bundle)
@@ -182,6 +188,7 @@ def test_speculative_row_stops_where_plain_greedy_stops(bench):
     assert got.tokens == free[:i + 1] == plain.generate(prompt, 16, (free[i],), fresh=True).tokens
 
 
+@pytest.mark.process  # the `bench` run starts RSS probes
 def test_paired_rounds_alternate_the_peer_row_and_ours_prompt_by_prompt(bench):
     """Each round answers every prompt with the peer and with our row (real sessions of the tiny
     bundle), who goes first alternating prompt by prompt and round by round; a round's ratio is our
@@ -189,7 +196,7 @@ def test_paired_rounds_alternate_the_peer_row_and_ours_prompt_by_prompt(bench):
     stand-in: the peer engines' venvs are not part of `make test` (PeerServer has its own test)."""
     from contextlib import contextmanager
 
-    from sol_control.bench.lm_paired import paired_summary
+    from sol_control.bench.paired import paired_summary
 
     _, bundle, s = bench
     rows, _ = lm_rows.make_rows(Bundle.load(bundle), [1])
@@ -234,12 +241,13 @@ def test_paired_rounds_alternate_the_peer_row_and_ours_prompt_by_prompt(bench):
     assert off["vs_best_peer_paired"] is None and off["vs_best_peer_paired_note"] == "not run: --paired 0"
 
 
+@pytest.mark.process  # the `bench` run starts RSS probes
 def test_paired_rounds_rotate_the_peer_our_best_and_the_ultrafast_row(bench):
     """Our best row and the ultrafast row (another row) share the rounds with the peer; who goes
     first rotates over the three, prompt by prompt and round by round; each row has its own ratio."""
     from contextlib import contextmanager
 
-    from sol_control.bench.lm_paired import paired_summary
+    from sol_control.bench.paired import paired_summary
 
     root, bundle, _ = bench
     rows, _ = lm_rows.make_rows(Bundle.load(bundle), [1], Bundle.load(root / "bundle_symmetric"))
@@ -270,6 +278,7 @@ def test_paired_rounds_rotate_the_peer_our_best_and_the_ultrafast_row(bench):
         assert got[key] == got[f"{key}_by_threads"]["1"] == pytest.approx(sum(ratios) / 2)  # median of two rounds
 
 
+@pytest.mark.process  # the `bench` run starts RSS probes
 def test_symmetric_rows_run_the_requantized_int4_graph(bench):
     """The int4-symmetric rows open the second import's int4 graph: symmetric 4-bit blocks, the head
     too (no mins term), not the bundle's Q4_1 blocks."""
@@ -290,6 +299,7 @@ def test_symmetric_rows_run_the_requantized_int4_graph(bench):
     assert s["agreement_int4_symmetric_vs_fp32"]["prompts"]["tokens_equal_share"] is not None
 
 
+@pytest.mark.process  # the `bench` run starts RSS probes
 def test_symmetric_import_without_a_draft_gets_a_prompt_lookup_row(bench, tmp_path):
     """Imported without a draft (and, as the bench imports it, without heads), the symmetric bundle's
     rows are plain and prompt lookup alone ("+ lookup", mode "lookup"), which answers as plain does."""
@@ -378,8 +388,8 @@ def test_heads_row_stops_where_plain_greedy_stops():
     assert b.manifest.target.draft_heads > 0
     prefix = [int(t) for t in decision_prefixes(b, 1)[0]]
     n = b.manifest.max_context - len(prefix)
-    plain = lm_rows.Row("plain", "int4", "plain", 1, open_decoder(b, "target", "int4"))
-    heads = lm_rows.Row("heads", "int4", "heads", 1, open_decoder(b, "target", "int4"))
+    plain = lm_rows.Row("plain", "int4", "plain", open_decoder(b, "target", "int4"))
+    heads = lm_rows.Row("heads", "int4", "heads", open_decoder(b, "target", "int4"))
     free = plain.generate(prefix, n, (), fresh=True).tokens
     assert heads.generate(prefix, n, (), fresh=True).tokens == free
     i = next(i for i in range(2, len(free)) if free[i] not in free[:i])

@@ -134,6 +134,7 @@ def test_missing_venvs_are_skipped_with_a_note(tmp_path, monkeypatch, tiny_gguf)
     assert set(lm.ROW_KEYS) <= set(rows[0])
 
 
+@pytest.mark.process
 def test_import_pulls_in_no_peer_library():
     code = ("import sys, sol_control.bench.peers.lm, sol_control.lm.hf_writer; "
             "print([m for m in ('torch', 'transformers', 'onnxruntime_genai', 'openvino', 'openvino_genai', "
@@ -188,24 +189,28 @@ def assert_peer_matches(engine: str, modes, tiny_gguf, reference, tmp_path, exac
     return rows
 
 
+@pytest.mark.process
 @pytest.mark.timeout(600)
 @skip_without("ort-genai")
 def test_ort_genai_lm_matches_our_fp32(tiny_gguf, reference, tmp_path):
     assert_peer_matches("ort-genai", [("fp32", "plain"), ("fp32", "ngram")], tiny_gguf, reference, tmp_path)
 
 
+@pytest.mark.process
 @pytest.mark.timeout(600)
 @skip_without("openvino")
 def test_openvino_lm_matches_our_fp32(tiny_gguf, reference, tmp_path):
     assert_peer_matches("openvino", [("fp32", "plain"), ("fp32", "lookup")], tiny_gguf, reference, tmp_path)
 
 
+@pytest.mark.process
 @pytest.mark.timeout(600)
 @skip_without("transformers")
 def test_transformers_lm_matches_our_fp32(tiny_gguf, reference, tmp_path):
     assert_peer_matches("transformers", [("fp32", "plain"), ("fp32", "lookup")], tiny_gguf, reference, tmp_path)
 
 
+@pytest.mark.process
 @pytest.mark.timeout(600)
 @skip_without("llama.cpp")
 def test_llama_cpp_lm_matches_our_fp32(tiny_gguf, ref_bundle, tmp_path):

@@ -20,6 +20,7 @@ from sol_control.bundle import Bundle
 from .conftest import FIXTURES, REPO
 
 
+@pytest.mark.process
 def test_import_pulls_in_no_peer_library():
     code = ("import sys, sol_control.bench.peers as p; "
             "print([m for m in ('torch', 'transformers', 'onnxruntime_genai', 'openvino', 'openvino_genai', "
@@ -54,12 +55,13 @@ def test_onnx_to_hf_rebuilds_the_fixture_weights_bit_for_bit(tmp_path):
     """tests/fixtures/tiny_hf{,_draft} are the folders the fixture bundle was exported from:
     rebuilding them from the bundle's ONNX must give the same tensors and configuration. (The
     converter is a module of the package, sol_control.bench.peers.hf_folder.)"""
-    from sol_control.bench.peers import hf_folder as o2h
+    from sol_control.bench.peers.hf_folder import convert_bundle
+    from sol_control.lm.hf_reader import read_safetensors
 
-    folders = o2h.convert_bundle(FIXTURES / "tiny", tmp_path)
+    folders = convert_bundle(FIXTURES / "tiny", tmp_path)
     for role, original in (("target", "tiny_hf"), ("draft", "tiny_hf_draft")):
-        got = o2h.load_safetensors(folders[role] / "model.safetensors")
-        want = o2h.load_safetensors(FIXTURES / original / "model.safetensors")
+        got = read_safetensors(folders[role] / "model.safetensors")
+        want = read_safetensors(FIXTURES / original / "model.safetensors")
         assert sorted(got) == sorted(want)
         for name in want:
             assert got[name].dtype == want[name].dtype and np.array_equal(got[name], want[name]), name
@@ -99,6 +101,7 @@ def skip_without(engine: str):
     return pytest.mark.skipif(not has_venv(engine), reason=f"no {venv.name} (bash tools/setup_peers.sh {target})")
 
 
+@pytest.mark.process
 @skip_without("transformers")
 def test_onnx_to_hf_check_against_onnx_runtime(tmp_path):
     """In .venv-peers (torch): transformers on the rebuilt folders gives ONNX Runtime's logits
@@ -124,6 +127,7 @@ def assert_matches_standard(engine: str, tmp_path, fp32_label: str = "fp32") -> 
     return modes
 
 
+@pytest.mark.process
 @skip_without("ort-genai")
 def test_ort_genai_matches_standard_outputs(tmp_path):
     assert_matches_standard("ort-genai", tmp_path)
@@ -141,6 +145,7 @@ def test_llama_cpp_matches_standard_outputs(tmp_path):
     assert_matches_standard("llama.cpp", tmp_path)
 
 
+@pytest.mark.process
 @skip_without("ort-genai")
 def test_paired_rounds_alternate_the_best_peer_row_with_ours():
     """`bench all`'s paired check with the real peer served: the ratio is the peer's ms over ours,
@@ -186,6 +191,7 @@ def _stand_in_server(tmp_path, timeout_s=30, script=STAND_IN, cls=None):
     return (cls or PeerServer)([sys.executable, "-c", script], env, tmp_path / "serve.log", timeout_s=timeout_s)
 
 
+@pytest.mark.process
 def test_peer_server_answers_prompt_by_prompt_over_a_pipe(tmp_path):
     """`bench lm --paired`'s peer worker: started once, one answer per request (chatter on stdout
     skipped), decode tokens/s as time_lm counts them: (tokens - 1) over the time after the first."""
@@ -217,6 +223,7 @@ assert rows[0]["skipped"] and rows[1]["served"] == 2, rows
 """
 
 
+@pytest.mark.process
 def test_a_served_decision_row_answers_each_prefix(tmp_path):
     """`bench all`'s paired peer: the worker serves the asked row only (the other is skipped), one
     decision per request, timed inside the worker; it exits cleanly when the input ends."""

@@ -39,7 +39,7 @@ def export_decoder_genai(hf_dir: str | Path, out_path: str | Path, precision: st
     import subprocess
     import tempfile
 
-    from sol_control.bench.peers import add_word_tokenizer
+    from sol_control.bench.peers.ort_genai import add_word_tokenizer
 
     out_path = Path(out_path)
     with tempfile.TemporaryDirectory() as tmp:

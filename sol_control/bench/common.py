@@ -1,13 +1,21 @@
-"""Small helpers shared by the benchmarks: percentiles, tables, a progress line, memory bandwidth."""
+"""How the benchmarks report: where the shipped bundles are, tables, a progress line, strict JSON,
+bar charts, memory bandwidth. The figures themselves: `stats`."""
 from __future__ import annotations
 
+import json
+import math
+import os
+import platform
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from .stats import pct  # noqa: F401  (doctor and train import it from here)
+
 REPO = Path(__file__).resolve().parents[2]
+PLAIN, SPECULATIVE, PEER = "#888888", "#d95f02", "#1b9e77"  # bar colours
 
 
 def default_bundle(name: str = "grasp") -> Path:
@@ -18,8 +26,18 @@ def default_bundle(name: str = "grasp") -> Path:
     raise ValueError(f"no shipped bundle {name!r} found under {REPO / 'models'}")
 
 
-def pct(values, q: float) -> float:
-    return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if len(values) else float("nan")
+def machine() -> dict:
+    """The host: CPU, cores, versions, date, and `isa` (native.isa.describe(): the instruction-set
+    flags the kernels use and the kernel variant the native pass runs here)."""
+    import onnxruntime
+
+    from ..native import isa
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
+            "onnxruntime": onnxruntime.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "isa": isa.describe()}
 
 
 def table(head: list[str], rows: list[list[str]]) -> str:
@@ -27,6 +45,11 @@ def table(head: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
     line = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
     return "\n".join([line(head), "  ".join("-" * w for w in widths)] + [line(r) for r in cells[1:]])
+
+
+def fmt(x, spec: str = ".1f", none: str = "-") -> str:
+    """`x` formatted, `none` for None and NaN."""
+    return none if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
 
 
 _last = [0.0]
@@ -44,6 +67,60 @@ def progress(msg: str, end: str = "") -> None:
         return
     _last[0] = now
     sys.stderr.flush()
+
+
+def clean(x):
+    """NaN and infinities -> null, numpy scalars -> Python (the JSON stays strict)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {str(k): clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [clean(v) for v in x]
+    if isinstance(x, np.generic):
+        return clean(x.item())
+    return x
+
+
+def write_json(path: Path, obj, indent: int = 2) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=indent, default=float) + "\n")
+    print(f"wrote {path}")
+
+
+def colour(row: dict) -> str:
+    return PEER if "engine" in row else SPECULATIVE if row.get("speculative") else PLAIN
+
+
+def pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save(fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
+
+
+def bar_panels(path: Path, panels: dict[str, list[tuple]], ylabel: str = "", height: float = 4.2) -> None:
+    """Bar charts side by side, one per panel: {title: [(label, value, colour[, (low, high)])]}."""
+    fig, axes = pyplot().subplots(1, len(panels), figsize=(6 * len(panels), height), squeeze=False)
+    for ax, (title, items) in zip(axes[0], panels.items()):
+        values = [i[1] for i in items]
+        err = None if not items or len(items[0]) < 4 else [[v - i[3][0] for v, i in zip(values, items)],
+                                                           [i[3][1] - v for v, i in zip(values, items)]]
+        bars = ax.bar(range(len(items)), values, yerr=err, color=[i[2] for i in items], capsize=4)
+        ax.bar_label(bars, fmt="%.1f", fontsize=7)
+        ax.set_xticks(range(len(items)), [i[0] for i in items], rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+    save(fig, path)
 
 
 def memory_bandwidth_gbs(mb: int = 256, repeats: int = 5) -> float:

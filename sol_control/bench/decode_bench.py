@@ -1,37 +1,25 @@
 """`sol-control bench decode`: standard vs quantized vs speculative, side by side in one run.
 
 Rows (those the bundle can run): the standard (fp32 target, plain greedy), int8 and int4 plain,
-int8 / int4 with the target's own draft heads, int8 / int4 with the draft model. Every row decodes
-the same decision prefixes on sessions of its own. Each round times every row alone, one after
-another (the order rotating from round to round), as a deployment runs one configuration; rounds
-alternate the rows, so a noisy neighbour slows all of them alike, and ratios are taken within the
-run.
+int8 / int4 with the target's own draft heads, int8 / int4 with the draft model, and the plain and
+heads rows the native pass runs again on ONNX Runtime (`· ORT`). Every row decodes the same
+decision prefixes on sessions of its own. Each round times every row alone, one after another (the
+order rotating from round to round), as a deployment runs one configuration; ratios are taken
+within the run.
 
-A decision is timed twice per round. Warm, as the node runs it: the session keeps what it cached
-for the previous frame, so a static-first prefix (the grasp prefix's parked-arm joints) is not
-computed again; everything that depends on the frame is. Cold: the cache is emptied first (what a
-peer without cross-frame caches pays). `decision_ms_*` are warm; `cold_decision_ms_p50` beside
-them. Tokens/s are from the warm runs. CPU time per decision (the decoding thread, ONNX Runtime's
-included at 1 intra-op thread) and joules (sol_control.energy) come with every row.
-
-Interleaved (`interleaved_decision_ms_p50`, `ratios_interleaved`): each round also decodes the
-prefixes warm with all rows taking turns decision by decision, as this bench timed every row until
-2026-12-07. Seven configurations' weights then evict each other from the CPU caches between two
-decisions of one row, which costs the small speculative rows most (grasp int8 + heads on the Zen 4
-host: 1.65 ms a decision interleaved, 1.14-1.18 ms alone; the standard row 4.43 against 3.92 ms):
-a figure of no deployment, kept beside the main one for comparison with earlier reports.
-
-Paced (`paced_decision_ms_p50`, speculative rows): the same row, warm, one decision every 1/30 s
-with the thread asleep in between, as the node meets its camera frames. On a shared or virtualised
-host the CPU's caches do not survive the sleep: on the AVX-512 host of docs/BENCHMARKS.md ("A
-decision after an idle frame") a grasp int8 + heads decision took 1.1-1.3 ms back to back and
-3.0-3.3 ms after 10-30 ms asleep, its first ONNX Runtime call 0.9 ms instead of 0.28. That, not the
-node, is most of the fast path's gap between the node and its decision alone.
+Per round and row: every prefix cold (the cache emptied first: what a peer without cross-frame
+caches pays), then warm, as the node runs it (the session keeps what it cached for the previous
+frame, so a static-first prefix is not computed again): `decision_ms_*` and tokens/s are warm.
+Speculative rows then run paced (`paced_decision_ms_p50`): one decision every 1/30 s with the
+thread asleep in between, as the node meets its camera frames (on a shared host the CPU's caches do
+not survive the sleep). Interleaved (`interleaved_decision_ms_p50`, `ratios_interleaved`): each
+round also decodes the prefixes warm with all rows taking turns decision by decision, their weights
+evicting each other from the caches: a figure of no deployment, kept for comparison. CPU time per
+decision (the decoding thread) and joules (sol_control.energy) come with every row.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,23 +27,20 @@ from pathlib import Path
 import numpy as np
 
 from ..bundle import Bundle
-from ..decoding import AdaptiveK, greedy, open_decoder, speculate, speculate_heads
+from ..decoding import open_decoder
 from ..decoding.native import NativeDecoderSession
 from ..energy import EnergyMeter, energy_row
-from .common import default_bundle, memory_bandwidth_gbs, pct, progress, table
+from ..perception import ObservationTokenizer
+from . import row
+from .common import default_bundle, memory_bandwidth_gbs, progress, table, write_json
+from .stats import ceiling, equal_share, pct, rate, rotated
 
 PACE_S = 1 / 30  # paced timing: one decision per camera frame at 30 Hz, asleep in between
 PACED_DECISIONS = 20  # per round (each costs a frame period of wall time)
-
-# (row name, target precision, how it drafts)
-CONFIGS = [
-    ("standard fp32", "fp32", "plain"),
-    ("int8 plain", "int8", "plain"),
-    ("int4 plain", "int4", "plain"),
-    ("int8 + heads", "int8", "heads"),
-    ("int4 + heads", "int4", "heads"),
-    ("int8 + draft", "int8", "draft"),
-    ("int4 + draft", "int4", "draft"),
+CONFIGS = [  # (row name, target precision, how it drafts)
+    ("standard fp32", "fp32", "plain"), ("int8 plain", "int8", "plain"), ("int4 plain", "int4", "plain"),
+    ("int8 + heads", "int8", "heads"), ("int4 + heads", "int4", "heads"),
+    ("int8 + draft", "int8", "draft"), ("int4 + draft", "int4", "draft"),
 ]
 
 
@@ -71,14 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 @dataclass
-class Row:
-    name: str
-    precision: str
-    mode: str  # plain | heads | draft
+class Row(row.Row):
     backend: str = "auto"  # open_decoder's; "onnxruntime" for the twins of rows the native pass runs
-    target: object = None
-    draft: object = None
-    controller: AdaptiveK | None = None
     decision_ms: list[float] = field(default_factory=list)  # warm, this row alone
     cold_ms: list[float] = field(default_factory=list)
     paced_ms: list[float] = field(default_factory=list)  # warm, one decision per PACE_S (speculative rows)
@@ -97,46 +76,26 @@ class Row:
     draft_accepted: int = 0
     outputs: list[list[int]] = field(default_factory=list)
 
-    @property
-    def speculative(self) -> bool:
-        return self.mode != "plain"
-
-    def decode(self, prefix: np.ndarray, new_tokens: int, k: int | None, cold: bool):
-        if cold:
-            self.target.reset()
-            if self.draft is not None:
-                self.draft.reset()
-        if self.mode == "heads":
-            return speculate_heads(self.target, prefix, new_tokens)
-        if self.mode == "draft":
-            return speculate(self.draft, self.target, prefix, new_tokens, k=k, controller=self.controller)
-        return greedy(self.target, prefix, new_tokens)
-
     def summary(self, standard: list[list[int]], plain: list[list[int]], meter: EnergyMeter) -> dict:
+        p50 = lambda xs: pct(xs, 50)  # noqa: E731
         return {
             "name": self.name, "precision": self.precision, "speculative": self.speculative, "mode": self.mode,
             "backend": "native" if isinstance(self.target, NativeDecoderSession) else "onnxruntime",
-            "decision_ms_p50": pct(self.decision_ms, 50), "decision_ms_p99": pct(self.decision_ms, 99),
-            "cold_decision_ms_p50": pct(self.cold_ms, 50),
-            "paced_decision_ms_p50": pct(self.paced_ms, 50) if self.paced_ms else None,
-            "interleaved_decision_ms_p50": pct(self.interleaved_ms, 50),
-            "decode_tokens_per_s": pct(self.decode_tok_s, 50),
-            "interleaved_decode_tokens_per_s": pct(self.interleaved_decode_tok_s, 50),
-            "pass_ms_p50": {str(rows): pct(ms, 50) for rows, ms in sorted(self.pass_ms.items())} or None,
+            "decision_ms_p50": p50(self.decision_ms), "decision_ms_p99": pct(self.decision_ms, 99),
+            "cold_decision_ms_p50": p50(self.cold_ms),
+            "paced_decision_ms_p50": p50(self.paced_ms) if self.paced_ms else None,
+            "interleaved_decision_ms_p50": p50(self.interleaved_ms),
+            "decode_tokens_per_s": p50(self.decode_tok_s),
+            "interleaved_decode_tokens_per_s": p50(self.interleaved_decode_tok_s),
+            "pass_ms_p50": {str(rows): p50(ms) for rows, ms in sorted(self.pass_ms.items())} or None,
             "decode_tokens_per_s_min": min(self.decode_tok_s), "decode_tokens_per_s_max": max(self.decode_tok_s),
-            "tokens_per_s": pct(self.e2e_tok_s, 50),
-            "ttft_ms_p50": pct(self.ttft_ms, 50),
+            "tokens_per_s": p50(self.e2e_tok_s), "ttft_ms_p50": p50(self.ttft_ms),
             "mean_accepted": self.accepted / self.verify_passes if self.speculative and self.verify_passes else None,
             "draft_acceptance": self.draft_accepted / self.proposed if self.proposed else None,
-            "match_standard": _agreement(self.outputs, standard),
-            "match_plain_same_target": _agreement(self.outputs, plain),
+            "match_standard": equal_share(self.outputs, standard),
+            "match_plain_same_target": equal_share(self.outputs, plain),
             **energy_row(self.cpu_s, self.decisions, meter, self.tokens),
         }
-
-
-def _agreement(outputs: list[list[int]], reference: list[list[int]]) -> float:
-    """Fraction of decisions whose tokens are identical to the reference row's."""
-    return sum(a == b for a, b in zip(outputs, reference)) / max(len(reference), 1)
 
 
 def decision_prefixes(bundle: Bundle, n: int, seed: int = 0) -> list[np.ndarray]:
@@ -144,11 +103,8 @@ def decision_prefixes(bundle: Bundle, n: int, seed: int = 0) -> list[np.ndarray]
     observation tokens (any tokens for a plain LM) for other bundles."""
     m = bundle.manifest
     if m.task in ("qc", "grasp"):
-        from ..eval import encode_scenes, scenes  # numpy + OpenCV only
-        from ..perception import ObservationTokenizer
-
-        prefixes, _ = encode_scenes(ObservationTokenizer.from_bundle(bundle), scenes(m.task, "test", n, start=seed))
-        return [p for p in prefixes if p is not None]
+        obs = ObservationTokenizer.from_bundle(bundle)
+        return [p for p in (_encode(obs, s) for s in scene_samples(m.task, n, seed)) if p is not None]
     rng = np.random.default_rng(seed)
     lo, hi = m.vocab.observation or (0, m.vocab.size)  # a plain LM: any token
     length = max(4, min(24, m.max_context // 4))
@@ -156,42 +112,36 @@ def decision_prefixes(bundle: Bundle, n: int, seed: int = 0) -> list[np.ndarray]
             for _ in range(n)]
 
 
+def scene_samples(task: str, n: int, start: int = 0) -> list:
+    """The task's test-split scenes `start` .. `start + n` (sol_control.tasks)."""
+    from ..tasks import grasp, qc
+
+    return [(qc if task == "qc" else grasp).make_sample("test", i) for i in range(start, start + n)]
+
+
+def _encode(obs: ObservationTokenizer, sample) -> np.ndarray | None:
+    """A scene's observation prefix; None for an unusable image."""
+    try:
+        return obs.encode(sample.image, getattr(sample, "joints_rad", None))
+    except ValueError:
+        return None
+
+
 def make_rows(bundle: Bundle, threads: int) -> list[Row]:
-    """The rows this bundle can run, each with sessions of its own (warm caches stay per row)."""
+    """The rows this bundle can run, each with sessions of its own, then the `· ORT` twins of the
+    plain and heads rows the native pass runs: what the C pass buys, measured in the same run."""
     m = bundle.manifest
-    have = set(m.target.precisions)
     modes = {"plain": True, "heads": m.target.draft_heads > 0, "draft": m.draft is not None}
-    rows = [Row(n, p, mode) for n, p, mode in CONFIGS if p in have and modes[mode]]
-    draft_prec = None
-    if m.draft is not None:
-        draft_prec = "int8" if "int8" in m.draft.precisions else m.draft.precisions[0]
+    rows = [Row(n, p, mode) for n, p, mode in CONFIGS if p in m.target.precisions and modes[mode]]
     for r in rows:
         r.target = open_decoder(bundle, "target", r.precision, threads, name=r.name)
         if r.mode == "draft":
-            r.draft = open_decoder(bundle, "draft", draft_prec, threads, name=f"{r.name} draft")
-            r.controller = AdaptiveK()
-    return rows + _onnxruntime_twins(bundle, rows, threads)
-
-
-def _onnxruntime_twins(bundle: Bundle, rows: list[Row], threads: int) -> list[Row]:
-    """The plain and heads rows the native pass runs, again on ONNX Runtime (`· ORT`): what the C
-    pass buys, measured in the same run."""
-    twins = []
-    for r in rows:
-        if isinstance(r.target, NativeDecoderSession) and r.mode in ("plain", "heads"):
-            twin = Row(f"{r.name} · ORT", r.precision, r.mode, backend="onnxruntime")
-            twin.target = open_decoder(bundle, "target", r.precision, threads, name=twin.name, backend="onnxruntime")
-            twins.append(twin)
-    return twins
-
-
-def _timed(row: Row, prefix, new_tokens: int, k, cold: bool):
-    c0 = time.thread_time_ns()
-    res = row.decode(prefix, new_tokens, k, cold)
-    row.cpu_s += (time.thread_time_ns() - c0) / 1e9
-    row.decisions += 1
-    row.tokens += res.stats.new_tokens
-    return res
+            r.open_draft(bundle, threads, f"{r.name} draft")
+    twins = [Row(f"{r.name} · ORT", r.precision, r.mode, backend="onnxruntime") for r in rows
+             if isinstance(r.target, NativeDecoderSession) and r.mode in ("plain", "heads")]
+    for t in twins:
+        t.target = open_decoder(bundle, "target", t.precision, threads, name=t.name, backend="onnxruntime")
+    return rows + twins
 
 
 def run_bench(bundle: Bundle, decisions: int, rounds: int, new_tokens: int, threads: int,
@@ -201,12 +151,11 @@ def run_bench(bundle: Bundle, decisions: int, rounds: int, new_tokens: int, thre
     meter = EnergyMeter()
     for r in rows:  # warm up every session (first ORT runs allocate arenas)
         for prefix in prefixes[:2]:
-            r.decode(prefix, new_tokens, k, cold=True)
+            r.decode(prefix, new_tokens, k=k, cold=True)
     t_start = time.monotonic()
     for rnd in range(rounds):
         _interleaved(rows, prefixes, new_tokens, k)
-        turn = rnd % len(rows)
-        for j, r in enumerate(rows[turn:] + rows[:turn]):
+        for j, r in enumerate(rotated(rows, rnd)):
             _alone(r, prefixes, new_tokens, k, rnd == 0)
             if show_progress:
                 progress(f"round {rnd + 1}/{rounds}  row {j + 1}/{len(rows)}  {time.monotonic() - t_start:5.1f} s")
@@ -219,23 +168,41 @@ def run_bench(bundle: Bundle, decisions: int, rounds: int, new_tokens: int, thre
     return _report(bundle, out_rows, targets, new_tokens, len(prefixes), rounds, threads)
 
 
+def _timed(r: Row, prefix, new_tokens: int, k, cold: bool):
+    """A decision alone, its thread's CPU time, decisions and tokens counted on the row."""
+    c0 = time.thread_time_ns()
+    res = r.decode(prefix, new_tokens, k=k, cold=cold)
+    r.cpu_s += (time.thread_time_ns() - c0) / 1e9
+    r.decisions += 1
+    r.tokens += res.stats.new_tokens
+    return res
+
+
 def _alone(r: Row, prefixes, new_tokens: int, k, first_round: bool) -> None:
-    """One round of row `r` alone: every prefix cold, then warm (frame after frame, the figures of
-    record), then, for a speculative row, PACED_DECISIONS warm with the thread asleep for a frame
-    period (PACE_S) before each; for a heads row last, what its passes cost (`_time_passes`)."""
+    """One round of row `r` alone: every prefix cold, then warm (the figures of record), then for a
+    speculative row PACED_DECISIONS warm ones a frame period (PACE_S) apart; a heads row last times
+    its passes (`_time_passes`)."""
     for prefix in prefixes:
         r.cold_ms.append(_timed(r, prefix, new_tokens, k, cold=True).stats.wall_ms)
-    acc = [0, 0.0, 0, 0.0]  # tokens, wall ms, decode tokens, decode ms
+    tok = ms = dtok = dms = 0
     for prefix in prefixes:
         res = _timed(r, prefix, new_tokens, k, cold=False)
-        _record(r, res, acc, first_round)
-    tok, ms, dtok, dms = acc
+        s = res.stats
+        r.decision_ms.append(s.wall_ms)
+        r.ttft_ms.append(s.ttft_ms)
+        tok, ms = tok + s.new_tokens, ms + s.wall_ms
+        dtok, dms = dtok + s.decode_tokens, dms + s.decode_ms  # a guessed prefill's extra tokens came in its TTFT
+        if first_round:
+            r.outputs.append(res.tokens)
+        r.accepted += s.new_tokens - 1
+        r.verify_passes, r.proposed, r.draft_accepted = (r.verify_passes + s.verify_passes, r.proposed + s.proposed,
+                                                         r.draft_accepted + s.accepted)
     r.e2e_tok_s.append(tok / ms * 1e3)
-    r.decode_tok_s.append(_rate(dtok, dms))
+    r.decode_tok_s.append(rate(dtok, dms))
     if r.speculative:
         for prefix in prefixes[:PACED_DECISIONS]:
             time.sleep(PACE_S)
-            r.paced_ms.append(r.decode(prefix, new_tokens, k, cold=False).stats.wall_ms)
+            r.paced_ms.append(r.decode(prefix, new_tokens, k=k).stats.wall_ms)
     if r.mode == "heads":
         _time_passes(r, prefixes)
 
@@ -257,82 +224,65 @@ def _time_passes(r: Row, prefixes) -> None:
 
 
 def _interleaved(rows: list[Row], prefixes, new_tokens: int, k) -> None:
-    """One warm pass with the rows taking turns decision by decision (the module docstring); its
-    decisions count in no other figure (CPU time and joules come from the rows alone)."""
+    """One warm pass with the rows taking turns decision by decision; its decisions count in no
+    other figure (CPU time and joules come from the rows alone)."""
     acc = {r.name: [0, 0.0] for r in rows}  # decode tokens, decode ms
     for prefix in prefixes:
         for r in rows:
-            s = r.decode(prefix, new_tokens, k, cold=False).stats
+            s = r.decode(prefix, new_tokens, k=k).stats
             r.interleaved_ms.append(s.wall_ms)
             acc[r.name][0] += s.decode_tokens
             acc[r.name][1] += s.decode_ms
     for r in rows:
-        r.interleaved_decode_tok_s.append(_rate(*acc[r.name]))
+        r.interleaved_decode_tok_s.append(rate(*acc[r.name]))
 
 
-def _rate(tokens: int, ms: float) -> float:
-    return tokens / ms * 1e3 if ms > 0 else float("nan")
+def _ratios(best: dict, std: dict, plain: dict, prefix: str = "") -> dict:
+    """Ultrafast over standard and speculative over plain on the same target, in decode tokens/s and
+    ms per decision (`prefix` "interleaved_": the interleaved figures)."""
+    tok, ms = f"{prefix}decode_tokens_per_s", f"{prefix}decision_ms_p50"
+    return {"speculative_vs_plain": best[tok] / plain[tok], "ultrafast_vs_standard": best[tok] / std[tok],
+            "ultrafast_vs_standard_decision": std[ms] / best[ms]}
 
 
-def _record(r: Row, res, acc: list, first_round: bool) -> None:
-    """A warm decision alone: its times, its tokens into `acc` (tokens, wall ms, decode tokens,
-    decode ms), its output (first round) and acceptance."""
-    s = res.stats
-    r.decision_ms.append(s.wall_ms)
-    r.ttft_ms.append(s.ttft_ms)
-    acc[0] += s.new_tokens
-    acc[1] += s.wall_ms
-    acc[2] += s.decode_tokens  # a guessed prefill's extra tokens came in its TTFT, not here
-    acc[3] += s.decode_ms
-    if first_round:
-        r.outputs.append(res.tokens)
-    r.accepted += s.new_tokens - 1
-    r.verify_passes += s.verify_passes
-    r.proposed += s.proposed
-    r.draft_accepted += s.accepted
+def _weight_streaming(targets: dict, by: dict, bw: float) -> dict:
+    """Per precision: ms per decoded token against the ms to stream the weights once at `bw` GB/s."""
+    stream = {}
+    for prec, sess in targets.items():
+        weight_bytes = sess.path.stat().st_size
+        per_token_ms = 1e3 / by["standard fp32" if prec == "fp32" else f"{prec} plain"]["decode_tokens_per_s"]
+        stream_ms = weight_bytes / (bw * 1e9) * 1e3
+        stream[prec] = {"weight_bytes": weight_bytes, "per_token_ms": per_token_ms,
+                        "stream_ms": stream_ms, "ratio": per_token_ms / stream_ms}
+    return stream
 
 
 def _report(bundle, rows, targets, new_tokens, n_prefixes, rounds, threads) -> dict:
     by = {r["name"]: r for r in rows}
     std = by["standard fp32"]
-    spec = [r for r in rows if r["speculative"]]
-    best = max(spec, key=lambda r: r["decode_tokens_per_s"])
-    plain_same = next(r for r in rows if r["mode"] == "plain" and r["precision"] == best["precision"]
-                      and r["backend"] == best["backend"])
+    best = max((r for r in rows if r["speculative"]), key=lambda r: r["decode_tokens_per_s"])
+    plain = next(r for r in rows if r["mode"] == "plain" and r["precision"] == best["precision"]
+                 and r["backend"] == best["backend"])
     twin = by.get(f"{best['name']} · ORT")
     bw = memory_bandwidth_gbs()
-    stream = {}
-    for prec, sess in targets.items():
-        weight_bytes = sess.path.stat().st_size
-        plain = by.get("standard fp32" if prec == "fp32" else f"{prec} plain")
-        per_token_ms = 1e3 / plain["decode_tokens_per_s"]
-        stream_ms = weight_bytes / (bw * 1e9) * 1e3
-        stream[prec] = {"weight_bytes": weight_bytes, "per_token_ms": per_token_ms,
-                        "stream_ms": stream_ms, "ratio": per_token_ms / stream_ms}
     return {
         "bundle": bundle.manifest.name, "task": bundle.manifest.task,
         "new_tokens": new_tokens, "decisions": n_prefixes, "rounds": rounds, "threads": threads,
         "ratios": {
-            "speculative_vs_plain": best["decode_tokens_per_s"] / plain_same["decode_tokens_per_s"],
-            "ultrafast_vs_standard": best["decode_tokens_per_s"] / std["decode_tokens_per_s"],
-            "ultrafast_vs_standard_decision": std["decision_ms_p50"] / best["decision_ms_p50"],
+            **_ratios(best, std, plain),
             "ultrafast_vs_standard_e2e_tokens": best["tokens_per_s"] / std["tokens_per_s"],
             # the ultrafast row on the native pass over the same row on ONNX Runtime (None: no native row)
             "native_vs_onnxruntime": twin and best["decode_tokens_per_s"] / twin["decode_tokens_per_s"],
             "native_vs_onnxruntime_decision": twin and twin["decision_ms_p50"] / best["decision_ms_p50"],
         },
-        "ratios_interleaved": {  # the same rows, timed decision by decision in turns (module docstring)
-            "speculative_vs_plain": best["interleaved_decode_tokens_per_s"] / plain_same["interleaved_decode_tokens_per_s"],
-            "ultrafast_vs_standard": best["interleaved_decode_tokens_per_s"] / std["interleaved_decode_tokens_per_s"],
-            "ultrafast_vs_standard_decision": std["interleaved_decision_ms_p50"] / best["interleaved_decision_ms_p50"],
-        },
+        "ratios_interleaved": _ratios(best, std, plain, "interleaved_"),
         "ultrafast": best["name"],
         "ceiling_tokens": _ceiling(best, std),
         "outputs_match_standard": all(r["match_standard"] == 1.0 for r in rows),
         "speculative_lossless": all(r["match_plain_same_target"] == 1.0 for r in rows),
         "mean_accepted": best["mean_accepted"],
         "memory_bandwidth_gbs": bw,
-        "weight_streaming": stream,
+        "weight_streaming": _weight_streaming(targets, by, bw),
         "rows": rows,
     }
 
@@ -343,31 +293,30 @@ def _ceiling(best: dict, std: dict) -> float | None:
     if not best["pass_ms_p50"]:
         return None
     rows = max(best["pass_ms_p50"], key=int)
-    return int(rows) / best["pass_ms_p50"][rows] * 1e3 / std["decode_tokens_per_s"]
+    return ceiling(int(rows) - 1, 1e3 / std["decode_tokens_per_s"], best["pass_ms_p50"][rows])
+
+
+def rows_table(rows: list[dict]) -> str:
+    head = ["config", "decode tok/s (min-max)", "tok/s incl. prefill", "ms/decision p50", "p99", "cold p50",
+            "interleaved p50", "TTFT ms", "mean acc.", "CPU ms", "mJ", "= std", "= plain"]
+    return table(head, [[
+        r["name"], f"{r['decode_tokens_per_s']:8.0f} ({r['decode_tokens_per_s_min']:.0f}-{r['decode_tokens_per_s_max']:.0f})",
+        f"{r['tokens_per_s']:.0f}", f"{r['decision_ms_p50']:.2f}", f"{r['decision_ms_p99']:.2f}",
+        f"{r['cold_decision_ms_p50']:.2f}", f"{r['interleaved_decision_ms_p50']:.2f}", f"{r['ttft_ms_p50']:.2f}",
+        "-" if r["mean_accepted"] is None else f"{r['mean_accepted']:.2f}", f"{r['cpu_ms_per_decision']:.2f}",
+        f"{1e3 * r['joules_per_decision']:.1f}", f"{r['match_standard']:.0%}", f"{r['match_plain_same_target']:.0%}"]
+        for r in rows])
 
 
 def print_report(rep: dict) -> None:
-    head = ["config", "decode tok/s (min-max)", "tok/s incl. prefill", "ms/decision p50", "p99", "cold p50",
-            "interleaved p50", "TTFT ms", "mean acc.", "CPU ms", "mJ", "= std", "= plain"]
-    body = []
-    for r in rep["rows"]:
-        body.append([r["name"],
-                     f"{r['decode_tokens_per_s']:8.0f} ({r['decode_tokens_per_s_min']:.0f}-{r['decode_tokens_per_s_max']:.0f})",
-                     f"{r['tokens_per_s']:.0f}", f"{r['decision_ms_p50']:.2f}", f"{r['decision_ms_p99']:.2f}",
-                     f"{r['cold_decision_ms_p50']:.2f}", f"{r['interleaved_decision_ms_p50']:.2f}",
-                     f"{r['ttft_ms_p50']:.2f}",
-                     "-" if r["mean_accepted"] is None else f"{r['mean_accepted']:.2f}",
-                     f"{r['cpu_ms_per_decision']:.2f}", f"{1e3 * r['joules_per_decision']:.1f}",
-                     f"{r['match_standard']:.0%}", f"{r['match_plain_same_target']:.0%}"])
     print(f"\nbundle {rep['bundle']} ({rep['task']}): {rep['decisions']} decisions x {rep['rounds']} rounds, "
           f"{rep['new_tokens']} tokens each, {rep['threads']} thread(s), each row alone in turn; ms/decision warm "
           f"(static prefix kept, as in the node), cold = empty cache, interleaved = warm with the rows taking turns "
           f"decision by decision")
-    print(table(head, body))
-    for r in rep["rows"]:
-        if r["paced_decision_ms_p50"] is not None:
-            print(f"{r['name']} paced: {r['paced_decision_ms_p50']:.2f} ms (one decision every "
-                  f"{1e3 * PACE_S:.0f} ms, asleep between)")
+    print(rows_table(rep["rows"]))
+    for r in (r for r in rep["rows"] if r["paced_decision_ms_p50"] is not None):
+        print(f"{r['name']} paced: {r['paced_decision_ms_p50']:.2f} ms (one decision every "
+              f"{1e3 * PACE_S:.0f} ms, asleep between)")
     for label, ra in (("", rep["ratios"]), ("interleaved: ", rep["ratios_interleaved"])):
         print(f"{label}speculative vs plain (same target): {ra['speculative_vs_plain']:.2f}x   "
               f"ultrafast ({rep['ultrafast']}) vs standard: {ra['ultrafast_vs_standard']:.2f}x decode tok/s, "
@@ -391,14 +340,10 @@ def run(args: argparse.Namespace) -> int:
     bundle = Bundle.load(args.bundle or default_bundle())
     if bundle.manifest.draft is None and not bundle.manifest.target.draft_heads:
         raise ValueError(f"bundle {bundle.root} has neither draft heads nor a draft decoder: nothing to speculate with")
-    n_actions = len(bundle.manifest.actions)
-    new_tokens = args.new_tokens or n_actions or 32
-    decisions = args.decisions or (12 if args.quick else 40)
-    rounds = args.rounds or 5
-    rep = run_bench(bundle, decisions, rounds, new_tokens, args.threads, args.k)
+    new_tokens = args.new_tokens or len(bundle.manifest.actions) or 32
+    rep = run_bench(bundle, args.decisions or (12 if args.quick else 40), args.rounds or 5, new_tokens,
+                    args.threads, args.k)
     print_report(rep)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(rep, indent=2))
-        print(f"wrote {args.json}")
+        write_json(args.json, rep)
     return 0

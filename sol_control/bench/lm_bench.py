@@ -31,15 +31,16 @@ from pathlib import Path
 import numpy as np
 
 from ..bundle import Bundle
-from ..decoding import AdaptiveK, open_decoder
+from ..decoding import open_decoder
 from ..energy import EnergyMeter
 from ..lm.cache import sha256_of
 from ..lm.generate import load_tokenizer
 from . import lm_report
 from .common import REPO
-from .lm_paired import paired_summary
 from .lm_rows import (LOOKUP, PROMPT_NEW_TOKENS, QUICK_LOOP_ROUNDS, QUICK_PROMPTS, Row, load_workload, make_rows,
                       run_workload, say)
+from .paired import paired_summary
+from .stats import rss_bytes
 
 DEFAULT_IMPORT_DIR = Path(".work/lm/bench_bundle")
 HEADS_GLOB = "smollm2_heads*.npz"
@@ -72,8 +73,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--paired", type=int, default=3, metavar="N",
                    help="then N rounds alternating the best peer row and our fastest row (vs_best_peer_paired; 0: off)")
     p.add_argument("--note", action="append", default=[], help="a note for the report (repeatable)")
-
-
 
 
 # ---- the bundle: imported once, again when the GGUF, heads or draft change ----------------------
@@ -151,13 +150,6 @@ def verify_costs(sessions: dict, context: list[int], sizes, repeats: int) -> dic
 
 # ---- resident memory: one fresh process per precision (and draft) --------------------------------
 
-def _rss_bytes() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
 def rss_probe(argv: list[str]) -> None:
     """`python -m sol_control.bench.lm_bench rss BUNDLE PRECISION MODES IDS`: opens the target (then
     the draft, for mode `draft`), answers `IDS` (JSON) once per mode; prints the process RSS before
@@ -165,16 +157,14 @@ def rss_probe(argv: list[str]) -> None:
     root, prec, modes, ids = argv[0], argv[1], argv[2].split(","), json.loads(argv[3])
     bundle = Bundle.load(root, verify=False)  # the parent process has checked every sha256
     stops = load_tokenizer(bundle).stop_ids
-    before, after = _rss_bytes(), {}
-    row = Row("probe", prec, "plain", 1, open_decoder(bundle, "target", prec, 1))
+    before, after = rss_bytes(), {}
+    row = Row("probe", prec, "plain", open_decoder(bundle, "target", prec, 1))
     for mode in modes:
         row.mode, row.lookup = mode, LOOKUP * (mode == "lookup")
         if mode == "draft":
-            m = bundle.manifest
-            row.draft = open_decoder(bundle, "draft", "int8" if "int8" in m.draft.precisions else m.draft.precisions[0])
-            row.controller = AdaptiveK()
+            row.open_draft(bundle, 1, "probe draft")
         row.generate(ids, PROMPT_NEW_TOKENS, stops, fresh=True)
-        after[mode] = _rss_bytes()
+        after[mode] = rss_bytes()
     print(json.dumps({"before": before, "after": after}))
 
 

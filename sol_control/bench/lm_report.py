@@ -15,21 +15,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import table
+from .common import bar_panels, clean, colour, fmt as _f, machine, table
 from .lm_rows import SYMMETRIC
+from .stats import ceiling, first_difference, median as _median, rate
 
 NOMINAL_K = 8  # the ceiling's draft length when no speculative row ran (T = 9, the largest verify measured)
 
 
 # ---- pure figures -------------------------------------------------------------------------------
-
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    """The first position where two answers differ (one ending counts), None when they are equal."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
 
 def agreement(outputs: list[list[int]], reference: list[list[int]]) -> dict:
     """How far `outputs` follow `reference`, answer by answer: the share of the reference's tokens
@@ -42,17 +35,6 @@ def agreement(outputs: list[list[int]], reference: list[list[int]]) -> dict:
             "answers_equal_share": sum(f is None for f in firsts) / max(len(reference), 1),
             "first_difference": firsts,
             "first_difference_median": float(np.median(diffs)) if diffs else None}
-
-
-def ceiling(k: int, standard_ms_per_token: float, verify_ms: float) -> float:
-    """The speed-up over standard of a perfect, free draft of length k: every verify call of k + 1
-    tokens emits k + 1 tokens, so tokens/s = (k + 1) / verify_ms against 1 / standard_ms_per_token."""
-    return (k + 1) * standard_ms_per_token / verify_ms
-
-
-def _median(values) -> float | None:
-    values = [v for v in values if v is not None and math.isfinite(v)]
-    return float(np.median(values)) if values else None
 
 
 def draft_length(bundle, rows) -> tuple[int, str]:
@@ -73,10 +55,9 @@ def draft_length(bundle, rows) -> tuple[int, str]:
 def pooled_rate(runs) -> float | None:
     """Every prompt's decode tokens over every prompt's decode time (tokens/s): a throughput, where
     `decode_tokens_per_s` is the median prompt's rate. They part where the rate varies from prompt to
-    prompt, as a speculative row's does (docs/BENCHMARKS.md, 2026-12-06)."""
-    n = sum(run.decode_tokens for run in runs)
-    ms = sum(run.decode_ms for run in runs)
-    return n / ms * 1e3 if n > 0 and ms > 0 else None
+    prompt, as a speculative row's does (docs/LM.md, "`make bench-lm`")."""
+    n, ms = sum(run.decode_tokens for run in runs), sum(run.decode_ms for run in runs)
+    return rate(n, ms) if n > 0 and ms > 0 else None
 
 
 def row_figures(r, meter, rss: dict) -> dict:
@@ -134,7 +115,8 @@ def _ultrafast(rows: list[dict]) -> tuple[dict, str]:
             "no speculative row ran (the bundle has no draft): the fastest quantized plain row stands in")
 
 
-def _headline(by_threads: dict, threads: list[int]):
+def headline(by_threads: dict, threads: list[int]):
+    """The figure at 1 thread (else at the fewest threads): the one the summary leads with."""
     t = 1 if 1 in threads else threads[0]
     return by_threads.get(str(t))
 
@@ -142,8 +124,6 @@ def _headline(by_threads: dict, threads: list[int]):
 def _head(*, bundle, skipped, verify, meter, workload, reps, threads, gguf, notes, command, load_start,
           seconds) -> dict:
     """What the run was: command, machine, bundle, workload, energy and RSS bases, verify costs."""
-    from .report import machine
-
     m = bundle.manifest
     return {"command": command, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "machine": {**machine(), "load_average_start": list(load_start),
@@ -268,13 +248,13 @@ def summarise(*, bundle, rows, skipped, verify, k, rss, peers, meter, workload, 
             vs_peer[str(t)], uf_peer[str(t)], best_peer[str(t)] = peer
     s.update({
         "ultrafast_row": uf_rows,
-        "ultrafast_vs_standard_tokens": _headline(uf_tok, threads), "ultrafast_vs_standard_tokens_by_threads": uf_tok,
-        "ultrafast_vs_standard_tokens_pooled": _headline(uf_pooled, threads),
+        "ultrafast_vs_standard_tokens": headline(uf_tok, threads), "ultrafast_vs_standard_tokens_by_threads": uf_tok,
+        "ultrafast_vs_standard_tokens_pooled": headline(uf_pooled, threads),
         "ultrafast_vs_standard_tokens_pooled_by_threads": uf_pooled,
-        "ultrafast_vs_standard_loop": _headline(uf_loop, threads), "ultrafast_vs_standard_loop_by_threads": uf_loop,
-        "ceiling_tokens": (_headline(ceil, threads) or {}).get("ceiling_tokens"), "ceiling": ceil,
-        "vs_best_peer": _headline(vs_peer, threads), "vs_best_peer_by_threads": vs_peer, "best_peer": best_peer,
-        "vs_best_peer_ultrafast": _headline(uf_peer, threads), "vs_best_peer_ultrafast_by_threads": uf_peer,
+        "ultrafast_vs_standard_loop": headline(uf_loop, threads), "ultrafast_vs_standard_loop_by_threads": uf_loop,
+        "ceiling_tokens": (headline(ceil, threads) or {}).get("ceiling_tokens"), "ceiling": ceil,
+        "vs_best_peer": headline(vs_peer, threads), "vs_best_peer_by_threads": vs_peer, "best_peer": best_peer,
+        "vs_best_peer_ultrafast": headline(uf_peer, threads), "vs_best_peer_ultrafast_by_threads": uf_peer,
         "vs_best_peer_note": "" if vs_peer else (peers.get("note") or "no peer row with decode tokens/s"),
         "agreement": agree,
     })
@@ -292,29 +272,12 @@ def summarise(*, bundle, rows, skipped, verify, k, rss, peers, meter, workload, 
 
 # ---- output -------------------------------------------------------------------------------------
 
-def _clean(x):
-    """NaN and infinities -> null (summary.json stays strict JSON)."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    if isinstance(x, np.generic):
-        return _clean(x.item())
-    return x
-
-
 def write(summary: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps(_clean(summary), indent=1) + "\n")
+    (out / "summary.json").write_text(json.dumps(clean(summary), indent=1) + "\n")
     (out / "README.md").write_text(markdown(summary) + "\n")
     plot_decode(summary, out / "decode_tokens_per_s.png")
     plot_loop(summary, out / "agent_loop.png")
-
-
-def _f(x, fmt: str = ".1f", none: str = "-") -> str:
-    return none if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, fmt)
 
 
 def _rows_table(s: dict, t: int) -> list[str]:
@@ -390,35 +353,12 @@ def markdown(s: dict) -> str:
     return "\n".join(lines)
 
 
-def _bars(ax, items: list[tuple[str, float, str]], ylabel: str, title: str) -> None:
-    names = [n for n, _, _ in items]
-    bars = ax.bar(range(len(items)), [v for _, v, _ in items], color=[c for _, _, c in items])
-    ax.bar_label(bars, fmt="%.1f", fontsize=7)
-    ax.set_xticks(range(len(items)), names, rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-
-
-def _color(r: dict) -> str:
-    return "#1b9e77" if "engine" in r else "#d95f02" if r.get("speculative") else "#888888"
-
-
 def _plot(s: dict, path: Path, key: str, ylabel: str, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    threads = s["threads"]
-    fig, axes = plt.subplots(1, len(threads), figsize=(6 * len(threads), 4.2), squeeze=False)
-    for ax, t in zip(axes[0], threads):
-        items = [(r["name"], r[key] or 0.0, _color(r)) for r in s["rows"] if r["threads"] == t]
-        items += [(f"{p.get('engine')} {p.get('mode', '')} {p.get('precision', '')}", p.get(key) or 0.0, _color(p))
-                  for p in s["peers"]["rows"] if p.get("threads") == t and p.get(key) is not None]  # not skipped
-        _bars(ax, items, ylabel, f"{title}, {t} thread(s)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    """Our rows and the peers' (not skipped) at each thread count, one panel each."""
+    bar_panels(path, {f"{title}, {t} thread(s)": [(r["name"], r[key] or 0.0, colour(r)) for r in s["rows"] if r["threads"] == t]
+                      + [(f"{p.get('engine')} {p.get('mode', '')} {p.get('precision', '')}", p.get(key) or 0.0, colour(p))
+                         for p in s["peers"]["rows"] if p.get("threads") == t and p.get(key) is not None]
+                      for t in s["threads"]}, ylabel)
 
 
 def plot_decode(s: dict, path: Path) -> None:

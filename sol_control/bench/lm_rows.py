@@ -1,10 +1,10 @@
 """`sol-control bench lm`, the measuring: the workload, the agent loop's conversation, rows and runs.
 
-A row owns its sessions: a prompt starts from an empty cache, a loop round from what the row's
+A row (`row.Row`) owns its sessions: a prompt starts from an empty cache, a loop round from what the row's
 previous round left, so the prefill computes only the new turn (KV kept across rounds). Plain rows
 run the engine's `greedy`, speculative rows `speculate` (a draft model) or `speculate_heads` (the
 target's draft heads); all of them end after a stop id (kept) or the answer budget.
-Rows alternate prompt by prompt and round by round (`rotated`), so a noisy neighbour slows every
+Rows alternate prompt by prompt and round by round (`turns`), so a noisy neighbour slows every
 row alike. A loop round's time is its generate call: the new turn's prefill on the kept cache and
 the answer (rendering the template, the harness's work, is left out).
 
@@ -18,7 +18,6 @@ import, the symmetric one with draft heads trained on that graph's own answers
 from __future__ import annotations
 
 import json
-import resource
 import sys
 import time
 from dataclasses import dataclass, field
@@ -27,9 +26,11 @@ from pathlib import Path
 import numpy as np
 
 from ..bundle import Bundle
-from ..decoding import AdaptiveK, GuessLength, greedy, open_decoder, speculate, speculate_heads
-from ..decoding.session import default_prefill
+from ..decoding import GuessLength, open_decoder
+from ..decoding.factory import default_prefill
 from ..lm.tokenizer import LMTokenizer
+from . import row
+from .stats import cpu_s, rate, rotated
 
 WORKLOAD = Path(__file__).parent / "data" / "lm_workload.json"
 PROMPT_NEW_TOKENS = 128  # the prompts' answer budget, as the peers' (bench.peers.lm); a loop answer: the workload's 64
@@ -115,14 +116,6 @@ class Conversation:
 
 # ---- rows ---------------------------------------------------------------------------------------
 
-def cpu_s() -> float:
-    """CPU-seconds of the whole process, every thread (ONNX Runtime's pools included). getrusage,
-    not time.process_time: with six 2-thread sessions open, process_time took 126 us a call here
-    (it samples every thread's clock), getrusage 0.9 us."""
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
 @dataclass
 class Run:
     tokens: list[int]
@@ -142,24 +135,15 @@ class Run:
 
     @property
     def decode_tokens_per_s(self) -> float:
-        n, ms = self.decode_tokens, self.decode_ms
-        return n / ms * 1e3 if n > 0 and ms > 0 else float("nan")
+        return rate(self.decode_tokens, self.decode_ms) if self.decode_tokens > 0 else float("nan")
 
 
 @dataclass
-class Row:
-    name: str
-    precision: str
-    mode: str  # plain | heads | draft | lookup (prompt lookup alone, on a target without heads)
-    threads: int
-    target: object
-    draft: object = None
-    controller: AdaptiveK | None = None
-    length: GuessLength | None = None  # heads rows: how many guesses a pass checks, learnt across answers
+class Row(row.Row):
+    threads: int = 1
     prompts: list[list[Run]] = field(default_factory=list)  # [repetition][prompt]
     loops: list[list[Run]] = field(default_factory=list)  # [repetition][round]
     proposed: int = 0
-    lookup: int = 0  # heads / lookup rows: prompt-lookup guesses where the text repeats
     source: tuple[str, str] | None = None  # (bundle folder, precision there) the target came from
 
     @property
@@ -169,17 +153,10 @@ class Row:
     def generate(self, ids: list[int], max_new: int, stops: tuple[int, ...], fresh: bool) -> Run:
         """One answer after `ids`: from an empty cache (`fresh`), else reusing what the cache holds."""
         if fresh:
-            self.target.reset()
-            if self.draft is not None:
-                self.draft.reset()
+            self.reset()
         prefix = np.asarray(ids, np.int64)
         c0, t0 = cpu_s(), time.monotonic_ns()
-        if self.mode == "plain":
-            res = greedy(self.target, prefix, max_new, stop_ids=stops)
-        elif self.mode in ("heads", "lookup"):
-            res = speculate_heads(self.target, prefix, max_new, stop_ids=stops, lookup=self.lookup, length=self.length)
-        else:
-            res = speculate(self.draft, self.target, prefix, max_new, controller=self.controller, stop_ids=stops)
+        res = self.decode(prefix, max_new, stops)
         wall_ms, cpu = (time.monotonic_ns() - t0) / 1e6, cpu_s() - c0
         self.proposed += res.stats.proposed
         return Run(res.tokens, res.stats.ttft_ms, wall_ms, cpu, res.stats.verify_passes)
@@ -221,25 +198,18 @@ def _row(bundle: Bundle, t: int, name: str, label: str, how: str, lookup: int) -
     if how == "lookup" and spec_mode is not None:
         return None, "prompt lookup alone runs on a bundle without a draft model or heads (else: '+ draft')"
     prefill = default_prefill(bundle, "target", prec)  # int4 rows: through the int8 graph where the CPU has VNNI
-    row = Row(name, label, spec_mode if how == "draft" else how, t,
-              open_decoder(bundle, "target", prec, t, name=f"{name} @{t}t", prefill_precision=prefill),
-              lookup=lookup, source=(str(bundle.root), prec))
-    if row.mode == "draft":
-        dprec = "int8" if "int8" in m.draft.precisions else m.draft.precisions[0]
-        row.draft = open_decoder(bundle, "draft", dprec, t, name=f"{row.label} draft")
-        row.controller = AdaptiveK()
-    if row.mode in ("heads", "lookup"):
-        row.length = GuessLength()
-    return row, ""
+    r = Row(name, label, spec_mode if how == "draft" else how, threads=t, lookup=lookup, source=(str(bundle.root), prec),
+            target=open_decoder(bundle, "target", prec, t, name=f"{name} @{t}t", prefill_precision=prefill))
+    if r.mode == "draft":
+        r.open_draft(bundle, t, f"{r.label} draft")
+    if r.mode in ("heads", "lookup"):
+        r.length = GuessLength()
+    return r, ""
 
 
-def rotated(rows: list[Row], i: int) -> list[Row]:
+def turns(rows: list[Row], i: int) -> list[Row]:
     """Every thread group in order, each group's starting row moved on by one per turn."""
-    out = []
-    for t in sorted({r.threads for r in rows}):
-        group = [r for r in rows if r.threads == t]
-        out += group[i % len(group):] + group[:i % len(group)]
-    return out
+    return [r for t in sorted({r.threads for r in rows}) for r in rotated([r for r in rows if r.threads == t], i)]
 
 
 # ---- measuring ----------------------------------------------------------------------------------
@@ -255,14 +225,14 @@ def run_workload(rows: list[Row], tok: LMTokenizer, workload: dict, reps: int) -
             r.prompts.append([])
             r.loops.append([])
         for i, ids in enumerate(prompts):
-            for r in rotated(rows, i):
+            for r in turns(rows, i):
                 run = r.generate(ids, workload["max_new_tokens"], stops, fresh=True)  # a new conversation
                 r.prompts[rep].append(run)
                 say(f"rep {rep + 1}/{reps} prompt {i + 1}/{len(prompts)} {r.label:20s} {len(run.tokens):3d} tokens "
                     f"{run.decode_tokens_per_s:6.1f} tok/s  TTFT {run.ttft_ms:6.1f} ms")
         convs = {}
         for k, tool in enumerate(loop["tool_results"]):
-            for r in rotated(rows, k):
+            for r in turns(rows, k):
                 if k == 0:
                     convs[r.label] = Conversation.start(tok, loop["system"], tool)
                     ids = convs[r.label].ids

@@ -23,7 +23,7 @@ the frames stamped inside that window (`hit_rate_in_window`) and outside it (`hi
 JSON (--json PATH): {"modes": {"qc": {"p50_ms", "p99_ms", "p999_ms", "hit_rate", "sources": {...},
 "cpu_ms_per_decision", "joules_per_decision", ..., "swap": {...}}, "grasp": {...}}, "config": {...}}
 and the same per-mode dicts at the top level under "qc"/"grasp".
-No rclpy here: the peers live in sol_control/ros/bench_peers.py and sol_control/ros/bundle_swap.py.
+No rclpy here: the peer processes live in sol_control/ros/bench_peers.py and sol_control/ros/bundle_swap.py.
 """
 from __future__ import annotations
 
@@ -39,7 +39,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from sol_control.bench.common import REPO, pct, table
+from sol_control.bench.common import REPO, table, write_json
+from sol_control.bench.stats import finite_pct, pct, rotated
 from sol_control.budget import NS_PER_MS
 from sol_control.config import NodeConfig, apply_overrides, to_flat
 from sol_control.energy import EnergyMeter, labels, per_source
@@ -78,6 +79,13 @@ def _ros_value(v) -> str:
     return repr(v)
 
 
+def node_command(cfg: NodeConfig, **params) -> list[str]:
+    """`python -m sol_control.ros.node` with every parameter of `cfg` (and `params`) given."""
+    flat = {**to_flat(cfg), **params}
+    return [sys.executable, "-m", "sol_control.ros.node", "--ros-args",
+            *[a for k, v in flat.items() for a in ("-p", f"{k}:={_ros_value(v)}")]]
+
+
 def _cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -97,11 +105,9 @@ def _stop(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
 def run_mode(task: str, cfg: NodeConfig, args: argparse.Namespace, work: Path) -> dict:
     env = ros_env(args.domain_id)
     swap_at = args.swap_at
-    flat = {**to_flat(cfg), "mode": task, "autostart": True}
-    ros_args = [a for k, v in flat.items() for a in ("-p", f"{k}:={_ros_value(v)}")]
     py = sys.executable
     log = open(work / f"{task}_node.log", "w")
-    node = subprocess.Popen([py, "-m", "sol_control.ros.node", "--ros-args", *ros_args], env=env, cwd=REPO,
+    node = subprocess.Popen(node_command(cfg, mode=task, autostart=True), env=env, cwd=REPO,
                             stdout=log, stderr=subprocess.STDOUT, text=True)
     sub_out, pub_out = work / f"{task}_sub.json", work / f"{task}_pub.json"
     sub = subprocess.Popen([py, "-m", "sol_control.ros.bench_peers", "subscribe", "--task", task, "--out", str(sub_out)],
@@ -231,8 +237,8 @@ def summarize(task: str, deadline_ms: float, published: dict, rows: list, cpu_pe
         "node_latency_p50_ms": pct([r[4] for r in got.values()], 50),
         "node_latency_p99_ms": pct([r[4] for r in got.values()], 99),
         # where the time goes, p50 / p99 over decisions (ms)
-        "breakdown_ms": {name: {"p50": _finite_pct([r[i] for r in got.values()], 50),
-                                "p99": _finite_pct([r[i] for r in got.values()], 99)} for name, i in STAGE_COLUMNS},
+        "breakdown_ms": {name: {"p50": finite_pct([r[i] for r in got.values()], 50),
+                                "p99": finite_pct([r[i] for r in got.values()], 99)} for name, i in STAGE_COLUMNS},
         "tail_ms": _tail_breakdown(list(got.values()), latency_ms),
         "hit_rate": in_time / len(sent) if sent else float("nan"),
         "node_deadline_met_rate": (sum(r[3] for r in got.values()) / len(got)) if got else float("nan"),
@@ -249,16 +255,11 @@ def _tail_breakdown(rows: list, latency_ms: list[float]) -> dict:
         return {}
     p99 = pct(latency_ms, 99)
     slow = [(r, ms) for r, ms in zip(rows, latency_ms) if ms >= p99]
-    med = lambda vals: _finite_pct(vals, 50)  # noqa: E731
+    med = lambda vals: finite_pct(vals, 50)  # noqa: E731
     out = {name: med([r[i] for r, _ in slow]) for name, i in STAGE_COLUMNS + (("cpu", CPU_COLUMN),)}
     out.update(decisions=len(slow), e2e=med([ms for _, ms in slow]),
                off_cpu=med([ms - r[QUEUE_COLUMN] - r[CPU_COLUMN] for r, ms in slow]))  # after the queue, off the CPU
     return out
-
-
-def _finite_pct(values: list[float], q: float) -> float:
-    vals = [v for v in values if v == v]
-    return pct(vals, q) if vals else float("nan")
 
 
 def swap_line(task: str, s: dict) -> str:
@@ -304,8 +305,7 @@ def run(args: argparse.Namespace) -> int:
                                                    "joint_hz": args.joint_hz, "params": args.param,
                                                    "swap_at": args.swap_at, "cpus": os.cpu_count()}}
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+        write_json(args.json, out)
     return 0
 
 
@@ -327,7 +327,7 @@ def compare_standard_ultrafast(quick: bool = False, domain_id: int | None = None
         for task in ("qc", "grasp"):
             runs: dict[str, list[dict]] = {name: [] for name in modes}
             for r in range(rounds):
-                for name in (list(modes) if r % 2 == 0 else list(modes)[::-1]):
+                for name in rotated(list(modes), r):
                     cfg = apply_overrides(NodeConfig(), generous + modes[name] + list(params or []))
                     print(f"bench node: {task} {name}, round {r + 1}/{rounds}, {args.seconds:.0f} s ...",
                           file=sys.stderr)
@@ -349,7 +349,7 @@ def _median_run(runs: list[dict]) -> dict:
         sources.update(r["sources"])
     fast = [r["breakdown_ms"]["fast"]["p50"] for r in runs if "breakdown_ms" in r]
     return {"p50_ms": pct(p50, 50), "p50_ms_min": min(p50), "p50_ms_max": max(p50),
-            "fast_path_p50_ms": _finite_pct(fast, 50),
+            "fast_path_p50_ms": finite_pct(fast, 50),
             "p99_ms": pct(p99, 50), "p99_ms_min": min(p99), "p99_ms_max": max(p99),
             "hit_rate": pct([r["hit_rate"] for r in runs], 50), "sources": dict(sources),
             "decisions": sum(r["decisions_received"] for r in runs)}

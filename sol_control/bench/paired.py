@@ -1,17 +1,18 @@
-"""Ours against the best peer row, decision by decision (`vs_best_peer_paired`).
+"""Ours against the best peer row in alternating rounds: this host's speed drifts by 10-30 % in the
+minutes between our rows and the peers', so a ratio from two separate runs moves by as much. Here
+the best peer row is kept running (its worker, in its own venv, serves one answer per request) and
+its answers alternate with ours on the same inputs; a round's ratio compares the two sides' medians,
+and the headline is the median over the rounds.
 
-`bench all` times our rows first and the peers minutes later, and this host's speed drifts by
-10-30 % in that time, so `vs_best_peer` from one run moves by as much. Here the best peer row is
-kept running (`peers.serve_row`: its worker in its own venv serves one decision per request) and
-its decisions alternate with ours on the same decision prefixes: per prefix ours warm (the
-previous frame's static prefix kept, as in the node), the peer's, ours cold (cache emptied), the
-peer's again, strictly alternating (`ORDERS`; odd rounds start with the peer). Whoever runs right
-after the other process finds the CPU's caches holding the other's weights, so each side always
-runs right after the other. (Until 2026-12-06 our cold decision always ran right after our warm
-one and half our warm ones right after our cold one, on caches still holding our weights, which
-flattered us on hosts with a large cold-cache penalty; docs/BENCHMARKS.md, "The paired bench,
-alternating strictly".) A round is every prefix `REPEATS` times; its ratio is the peer's median ms
-over ours; the headline is the median over the rounds.
+Decisions (`bench all`, `paired`): per decision prefix ours warm (the previous frame's static prefix
+kept, as in the node), the peer's, ours cold (cache emptied), the peer's again, strictly alternating
+(`ORDERS`; odd rounds start with the peer), so whoever runs right after the other process finds the
+CPU's caches holding the other's weights. A round is every prefix `REPEATS` times; its ratio is the
+peer's median ms over ours.
+
+LM prompts (`bench lm --paired N`, `paired_summary`): our best row (and the ultrafast row, when it
+is another) and the peer answer every prompt, who goes first rotating prompt by prompt and round by
+round; a round's ratio is our median decode tokens/s over the peer's.
 
     python -m sol_control.bench.paired --bundle models/qc [--rounds 4] [--engine ort-genai] [--precision int4] [--mode plain]
 """
@@ -19,10 +20,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from collections.abc import Callable
+from pathlib import Path
 
 from ..decoding import open_decoder, speculate_heads
 from .common import default_bundle
-from .decode_bench import decision_prefixes
+from .stats import rotated
 
 OURS = "int8 + heads"  # the node's fast path (decoding.fast_precision int8, draft heads)
 REPEATS = 5  # passes over the 16 prefixes a round
@@ -30,8 +33,8 @@ ORDERS = (("warm", "peer", "cold", "peer"), ("peer", "warm", "peer", "cold"))  #
 
 
 def one_round(sess, peer, prefixes, n_tokens: int, first: int) -> dict:
-    """Every prefix REPEATS times: ours warm, ours cold and two of the peer's, alternating (ORDERS,
-    by `first`'s parity); medians."""
+    """Every prefix REPEATS times: ours warm, ours cold and two of the peer's (ORDERS by `first`'s
+    parity); medians."""
     got = {"peer": [], "warm": [], "cold": []}
     for _ in range(REPEATS):
         for p in prefixes:
@@ -51,6 +54,7 @@ def paired(bundle, best: dict, rounds: int, suffix: str = "", progress=print, op
     median over `rounds` rounds; the rounds themselves under `paired{suffix}`. `open_peer()` gives
     the served peer row (default `peers.serve_row(bundle, best)`)."""
     from . import peers
+    from .decode_bench import decision_prefixes
 
     sess = open_decoder(bundle, "target", "int8")
     prefixes = decision_prefixes(bundle, 16)  # the peers' workload (peers.decision_workload)
@@ -67,6 +71,69 @@ def paired(bundle, best: dict, rounds: int, suffix: str = "", progress=print, op
     return {f"vs_best_peer{suffix}_paired": statistics.median(r["peer_ms"] / r["ours_warm_ms"] for r in per_round),
             f"vs_best_peer{suffix}_paired_cold": statistics.median(r["peer_ms"] / r["ours_cold_ms"] for r in per_round),
             f"paired{suffix}": {"peer": best, "ours": OURS, "rounds": per_round}}
+
+
+# peer(ids, max_new_tokens) -> its decode tokens/s on that prompt (None: an answer of one token)
+PeerAnswer = Callable[[list[int], int], "float | None"]
+
+
+def paired_lm(rows: list, prompts: list[list[int]], max_new: int, stops: tuple[int, ...], peer: PeerAnswer,
+              rounds: int, say=print) -> dict:
+    """`rounds` rounds over the prompts, the peer's answer and each row's (`lm_rows.Row`) taking
+    turns prompt by prompt (who goes first rotating); per row, the median of the rounds' ratios."""
+    out, by_name = [], {r.name: r for r in rows}
+    names = ["peer"] + list(by_name)
+    for i in range(rounds):
+        got = {n: [] for n in names}
+        for j, ids in enumerate(prompts):
+            for n in rotated(names, i + j):
+                got[n].append(peer(ids, max_new) if n == "peer" else
+                              by_name[n].generate(ids, max_new, stops, fresh=True).decode_tokens_per_s)
+        p = statistics.median(v for v in got["peer"] if v is not None)
+        ours = {n: statistics.median(v for v in got[n] if v is not None) for n in by_name}
+        out.append({"peer_tokens_per_s": p, "peer_by_prompt": got["peer"],
+                    "rows": {n: {"tokens_per_s": o, "ratio": o / p, "by_prompt": got[n]} for n, o in ours.items()}})
+        say(f"paired round {i + 1}/{rounds}: peer {p:.1f} tok/s; " +
+            ", ".join(f"{n} {o:.1f} tok/s ({o / p:.2f}x)" for n, o in ours.items()))
+    return {"vs_best_peer_paired": {n: statistics.median(x["rows"][n]["ratio"] for x in out) for n in by_name},
+            "rounds": out}
+
+
+def paired_summary(summary: dict, rows: list, tok, workload: dict, gguf: Path | None, rounds: int,
+                   open_peer: Callable | None = None) -> dict:
+    """`vs_best_peer_paired` (our best row's, at the headline thread count as `vs_best_peer`) and
+    `vs_best_peer_paired_ultrafast` (the ultrafast row's), each with `_by_threads`, and the rounds
+    under `paired`; null with `vs_best_peer_paired_note` where it did not run. `open_peer(t, peer)`
+    gives a context manager with `decode_tokens_per_s(ids, max_new)` (default: `PeerServer.start`)."""
+    from .lm_report import headline
+    from .lm_rows import say
+
+    result = {"vs_best_peer_paired": None, "vs_best_peer_paired_by_threads": {}, "vs_best_peer_paired_ultrafast": None,
+              "vs_best_peer_paired_ultrafast_by_threads": {}, "paired": {}, "vs_best_peer_paired_note": ""}
+    if not summary.get("best_peer") or gguf is None or rounds < 1:
+        result["vs_best_peer_paired_note"] = "not run: " + ("--paired 0" if summary.get("best_peer") else "no peer row")
+        return result
+    if open_peer is None:
+        from .peers.lm import PeerServer
+
+        open_peer = lambda t, peer: PeerServer.start(gguf, workload, t, peer)  # noqa: E731
+    prompts = [tok.encode_chat([{"role": "user", "content": p}]) for p in workload["prompts"]]
+    for t, best in summary["best_peer"].items():
+        names = dict.fromkeys([best["ours"]["name"], summary.get("ultrafast_row", {}).get(t, best["ours"]["name"])])
+        mine = [next(r for r in rows if r.name == n and r.threads == int(t)) for n in names]
+        try:
+            with open_peer(int(t), best["peer"]) as server:
+                result["paired"][t] = paired_lm(mine, prompts, workload["max_new_tokens"], tok.stop_ids,
+                                                server.decode_tokens_per_s, rounds, say)
+        except RuntimeError as err:
+            result["vs_best_peer_paired_note"] += f"{t} thread(s): {err}; "
+            continue
+        ratios = result["paired"][t]["vs_best_peer_paired"]
+        result["vs_best_peer_paired_by_threads"][t] = ratios[mine[0].name]
+        result["vs_best_peer_paired_ultrafast_by_threads"][t] = ratios[mine[-1].name]
+    for key in ("vs_best_peer_paired", "vs_best_peer_paired_ultrafast"):
+        result[key] = headline(result[f"{key}_by_threads"], summary["threads"])
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,13 +13,9 @@ The machine block records the CPU, its instruction-set flags and the native kern
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
-import platform
 import subprocess
 import sys
-import time
 import traceback
 from pathlib import Path
 
@@ -28,7 +24,8 @@ import numpy as np
 from ..bundle import Bundle
 from ..decoding import AdaptiveK, greedy, open_decoder, speculate
 from . import decode_bench, paired
-from .common import default_bundle, pct, progress, table
+from .common import bar_panels, colour, default_bundle, machine, progress, pyplot, save, table, write_json
+from .stats import pct
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -118,14 +115,12 @@ def _fit(prefix: np.ndarray, n: int, m) -> np.ndarray:
 
 _MEM_PROBE = """
 import sys, numpy as np
+from sol_control.bench.stats import rss_bytes
 from sol_control.bundle import Bundle
 from sol_control.decoding import open_decoder, greedy
-def rss():
-    return int(open('/proc/self/statm').read().split()[1]) * 4096
-b = Bundle.load(sys.argv[1]); before = rss()
-s = open_decoder(b, sys.argv[2], sys.argv[3])
-greedy(s, np.array([b.manifest.vocab.bos] * 8), 8)
-print(rss() - before)
+b = Bundle.load(sys.argv[1]); before = rss_bytes()
+greedy(open_decoder(b, sys.argv[2], sys.argv[3]), np.array([b.manifest.vocab.bos] * 8), 8)
+print(rss_bytes() - before)
 """
 
 
@@ -144,34 +139,13 @@ def memory(bundle: Bundle) -> list[dict]:
 # ---- plots ---------------------------------------------------------------------------------------
 
 def plot_decode(reports: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(reports), figsize=(6 * len(reports), 4), squeeze=False)
-    for ax, (name, rep) in zip(axes[0], reports.items()):
-        rows = rep["rows"]
-        names = [r["name"] for r in rows]
-        med = [r["decode_tokens_per_s"] for r in rows]
-        err = [[m - r["decode_tokens_per_s_min"] for m, r in zip(med, rows)],
-               [r["decode_tokens_per_s_max"] - m for m, r in zip(med, rows)]]
-        colors = ["#888888" if not r["speculative"] else "#d95f02" for r in rows]
-        ax.bar(names, med, yerr=err, color=colors, capsize=4)
-        ax.set_title(f"{name}: decode tokens/s (median, min-max)")
-        ax.tick_params(axis="x", rotation=25)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    bar_panels(path, {f"{name}: decode tokens/s (median, min-max)": [
+        (r["name"], r["decode_tokens_per_s"], colour(r), (r["decode_tokens_per_s_min"], r["decode_tokens_per_s_max"]))
+        for r in rep["rows"]] for name, rep in reports.items()}, height=4)
 
 
 def plot_scaling(rows: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(rows), figsize=(6 * len(rows), 4), squeeze=False)
+    fig, axes = pyplot().subplots(1, len(rows), figsize=(6 * len(rows), 4), squeeze=False)
     for ax, (name, rs) in zip(axes[0], rows.items()):
         for plen in sorted({r["prefix_len"] for r in rs}):
             sel = [r for r in rs if r["prefix_len"] == plen and "skipped" not in r]
@@ -179,30 +153,12 @@ def plot_scaling(rows: dict, path: Path) -> None:
             ax.plot(n, [r["std_decision_ms"] for r in sel], "o--", label=f"standard, prefix {plen}")
             ax.plot(n, [r["fast_decision_ms"] for r in sel], "o-", label=f"ultrafast, prefix {plen}")
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("tokens per decision")
-        ax.set_ylabel("ms per decision (median)")
-        ax.set_title(name)
+        ax.set(xlabel="tokens per decision", ylabel="ms per decision (median)", title=name)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 # ---- the whole report ----------------------------------------------------------------------------
-
-def machine() -> dict:
-    """The host: CPU, cores, versions, date, and `isa` (native.isa.describe(): the instruction-set
-    flags the kernels use and the kernel variant the native pass runs here)."""
-    import onnxruntime
-
-    from ..native import isa
-
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
-            "onnxruntime": onnxruntime.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "isa": isa.describe()}
-
 
 def _decode_stage(args, bundles: dict, summary: dict) -> None:
     decode = summary["decode"] = {}
@@ -219,7 +175,9 @@ def _decode_stage(args, bundles: dict, summary: dict) -> None:
 
 
 def _e2e_stage(args, bundles: dict, summary: dict) -> None:
-    summary["e2e"] = _e2e(args)
+    from . import node_bench
+
+    summary["e2e"] = node_bench.compare_standard_ultrafast(quick=args.quick)
     if summary["e2e"]:
         summary["ultrafast_vs_standard_e2e"] = summary["e2e"].get("ratio_p50")
     if summary.get("decode") and summary["e2e"]:
@@ -227,7 +185,9 @@ def _e2e_stage(args, bundles: dict, summary: dict) -> None:
 
 
 def _peers_stage(args, bundles: dict, summary: dict) -> None:
-    summary["peers"] = {name: _peers(args, b) for name, b in bundles.items()}
+    from . import peers
+
+    summary["peers"] = {name: peers.run_all(b, quick=args.quick) for name, b in bundles.items()}
     for name, suffix in SUFFIXES.items():
         summary.update(vs_best_peer(summary.get("decode", {}).get(name), summary["peers"][name].get("rows", []),
                                     suffix))
@@ -279,10 +239,9 @@ def run(args: argparse.Namespace) -> int:
     bundles = {name: Bundle.load(default_bundle(name)) for name in SUFFIXES}
     summary: dict = {"machine": machine(), "command": "sol-control bench all" + (" --quick" if args.quick else "")}
     run_stages(args, bundles, summary)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
     (out / "README.md").write_text(markdown(summary))
     print(markdown(summary))
-    print(f"wrote {out}/summary.json, {out}/README.md and plots")
+    write_json(out / "summary.json", summary)
     if summary.get("failed"):
         print(f"bench all: failed stages: {', '.join(summary['failed'])} (summary.json, \"failed\")", file=sys.stderr)
         return 1
@@ -325,51 +284,26 @@ def node_fast_path(decode: dict, e2e: dict) -> dict:
     return out
 
 
-def _e2e(args) -> dict:
-    try:
-        from . import node_bench
-    except ModuleNotFoundError:
-        return {}
-    return node_bench.compare_standard_ultrafast(quick=args.quick)
-
-
-def _peers(args, bundle: Bundle) -> dict:
-    try:
-        from . import peers
-    except ModuleNotFoundError:
-        return {"note": "peer runners not installed"}
-    return peers.run_all(bundle, quick=args.quick)
-
-
 def _md_decode(s: dict) -> list[str]:
     """Per bundle: ultrafast vs standard, and every decoding row."""
     lines: list[str] = []
     for name, rep in s.get("decode", {}).items():
         rows = rep["rows"]
-        std = rows[0]
-        best = max((r for r in rows if r["speculative"]), key=lambda r: r["decode_tokens_per_s"])
+        std, best = rows[0], next(r for r in rows if r["name"] == rep["ultrafast"])
         lines.append(f"**{name}** ({best['name']}): standard {std['decode_tokens_per_s']:.0f} tok/s → ultrafast "
                      f"{best['decode_tokens_per_s']:.0f} tok/s = {best['decode_tokens_per_s'] / std['decode_tokens_per_s']:.1f}x; "
                      f"per decision {std['decision_ms_p50']:.2f} ms → {best['decision_ms_p50']:.2f} ms = "
                      f"{std['decision_ms_p50'] / best['decision_ms_p50']:.1f}x ({rep['new_tokens']} tokens, "
                      f"mean accepted {best['mean_accepted'] or 0:.2f}; each row timed alone in turn)")
+        ri = rep["ratios_interleaved"]
         lines.append("")
-        if "ratios_interleaved" in rep:
-            ri = rep["ratios_interleaved"]
-            lines.append(f"- Interleaved, the rows taking turns decision by decision (weights evicting each other): "
+        lines.append(f"- Interleaved, the rows taking turns decision by decision (weights evicting each other): "
                          f"{ri['ultrafast_vs_standard']:.1f}x tokens/s, {ri['ultrafast_vs_standard_decision']:.1f}x "
                          f"a decision, speculative vs plain {ri['speculative_vs_plain']:.2f}x")
         if rep.get("ceiling_tokens"):
             lines.append(f"- Ceiling: with every guess right, {best['name']}'s passes would give "
                          f"{rep['ceiling_tokens']:.2f}x standard's decode tokens/s (`ceiling_tokens`)")
-        lines.append("")
-        head = ["config", "decode tok/s", "min-max", "ms/decision p50", "p99", "TTFT ms", "mean acc.", "= std"]
-        body = [[r["name"], f"{r['decode_tokens_per_s']:.0f}",
-                 f"{r['decode_tokens_per_s_min']:.0f}-{r['decode_tokens_per_s_max']:.0f}",
-                 f"{r['decision_ms_p50']:.2f}", f"{r['decision_ms_p99']:.2f}", f"{r['ttft_ms_p50']:.2f}",
-                 "-" if r["mean_accepted"] is None else f"{r['mean_accepted']:.2f}", f"{r['match_standard']:.0%}"]
-                for r in rows]
-        lines += ["```", table(head, body), "```", ""]
+        lines += ["", "```", decode_bench.rows_table(rows), "```", ""]
     return lines
 
 
@@ -409,19 +343,15 @@ def _md_e2e(s: dict) -> list[str]:
 
 def _md_peers(s: dict) -> list[str]:
     """The peer engines' rows per bundle and our ratio to the best."""
+    from .peers import rows_table
+
     lines: list[str] = []
-    head = ["engine", "mode", "precision", "tok/s", "decode tok/s", "ms/decision", "TTFT ms", "accept", "= std"]
     for name, peers in s.get("peers", {}).items():
         suffix = "" if name == "grasp" else f"_{name}"
         if not peers.get("rows"):
             lines += [f"Peers ({name}): {peers.get('note', 'none ran')}", ""]
             continue
-        body = [[r.get("engine", ""), r.get("mode", ""), r.get("precision", ""), f"{r['tokens_per_s']:.0f}",
-                 f"{r['decode_tokens_per_s']:.0f}",
-                 f"{r.get('decision_ms_p50', float('nan')):.2f}", f"{r.get('ttft_ms_p50', float('nan')):.2f}",
-                 "-" if r.get("acceptance") is None else f"{r['acceptance']:.2f}",
-                 f"{r.get('match_standard', float('nan')):.0%}"] for r in peers["rows"]]
-        lines += [f"Peers, {name} bundle weights and prefixes:", "```", table(head, body), "```"]
+        lines += [f"Peers, {name} bundle weights and prefixes:", "```", rows_table(peers["rows"]), "```"]
         if f"vs_best_peer{suffix}" in s:
             bp, ours = s[f"best_peer{suffix}"], s[f"ours_vs_peer{suffix}"]
             lines.append(f"Best peer row ({bp['engine']} {bp['mode']} {bp['precision']}): {bp['decision_ms_p50']:.2f} ms "

@@ -42,6 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
+from sol_control.bench.common import table
+from sol_control.bench.stats import rss_bytes
 from sol_control.budget import NS_PER_MS, NS_PER_S
 
 NOMINAL_HZ = 30.0
@@ -68,13 +70,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 # -- inputs ---------------------------------------------------------------------------------------
 def _pool(task: str, n: int) -> list[tuple[np.ndarray, np.ndarray | None]]:
-    if task == "qc":
-        from sol_control.tasks.qc import make_sample
+    """(image, joints or None) of the task's first `n` test-split scenes."""
+    from sol_control.bench.decode_bench import scene_samples
 
-        return [(make_sample("test", i).image, None) for i in range(n)]
-    from sol_control.tasks.grasp import make_sample
-
-    return [(s.image, s.joints_rad) for s in (make_sample("test", i) for i in range(n))]
+    return [(s.image, getattr(s, "joints_rad", None)) for s in scene_samples(task, n)]
 
 
 def _telemetry(image: np.ndarray, joints_rad: np.ndarray | None, stamp_ns: int):
@@ -85,14 +84,6 @@ def _telemetry(image: np.ndarray, joints_rad: np.ndarray | None, stamp_ns: int):
     if joints_rad is not None:
         joints = Joints(tuple(f"joint{i + 1}" for i in range(len(joints_rad))), joints_rad, np.zeros(0), stamp_ns)
     return Telemetry(Frame(image, stamp_ns, stamp_ns, "soak_camera"), joints=joints)
-
-
-def rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024.0
-    return math.nan
 
 
 # -- recording (no allocation per decision) ---------------------------------------------------------
@@ -272,7 +263,7 @@ def soak(args: argparse.Namespace) -> dict:
         for d in drivers:
             d.thread.start()
         while (now := time.monotonic_ns()) < end:  # this thread only samples memory, once a second
-            rss_series.append(((now - t0) / NS_PER_S, rss_mb()))
+            rss_series.append(((now - t0) / NS_PER_S, rss_bytes() / 2**20))
             if args.leak_kb_per_s > 0:
                 leak.append(b"\x01" * int(args.leak_kb_per_s * 1024))  # touched pages: counted in RSS
             time.sleep(max(0.0, min(1.0, (end - now) / NS_PER_S)))
@@ -326,8 +317,6 @@ def _report(cfg, args, records, rss_series, warmup_s, wall_s, drivers) -> dict:
 
 
 def _print(res: dict) -> None:
-    from sol_control.bench.common import table
-
     print(f"soak: {res['what']}")
     print(f"{res['wall_s']:.0f} s at {res['rate_hz']:.0f} Hz (mode {res['mode']}, audit_rate {res['audit_rate']}), "
           f"warm-up {res['warmup_s']:.0f} s; frames {res['frames']}, decided {res['frames_decided']}, "

@@ -23,14 +23,12 @@ from sol_control.ros import qos
 from sol_control.ros.convert import image_to_ros, stamp_to_ros
 
 
-def _scenes(task: str, n: int):
-    if task == "qc":
-        from sol_control.tasks.qc import make_sample
+def scene_pool(task: str, n: int) -> list:
+    """(image, joints or None) of the task's first `n` test-split scenes."""
+    from sol_control.tasks import grasp, qc
 
-        return [(make_sample("test", i).image, None) for i in range(n)]
-    from sol_control.tasks.grasp import make_sample
-
-    return [(s.image, s.joints_rad) for s in (make_sample("test", i) for i in range(n))]
+    make_sample = (qc if task == "qc" else grasp).make_sample
+    return [(s.image, getattr(s, "joints_rad", None)) for s in (make_sample("test", i) for i in range(n))]
 
 
 def _wait_active(node, timeout_s: float) -> bool:
@@ -53,7 +51,7 @@ def publish(args: argparse.Namespace) -> int:
     node = rclpy.create_node("sol_control_bench_publisher")
     images = node.create_publisher(Image, "camera/image_raw", qos.sensor_qos(1000.0))
     joints = node.create_publisher(JointState, "joint_states", qos.sensor_qos(1000.0))
-    scenes = _scenes(args.task, args.scenes)
+    scenes = scene_pool(args.task, args.scenes)
     if not _wait_active(node, args.wait_s):
         print("node never became active", file=sys.stderr)
         return 1
@@ -105,7 +103,7 @@ def subscribe(args: argparse.Namespace) -> int:
             rclpy.spin_once(node, timeout_sec=0.1)
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
-    finally:  # written however spinning ends (2 of 12 loaded `bench node` runs lost this file, 2026-12-06)
+    finally:  # written however spinning ends (a loaded run can end spinning by an exception)
         with open(args.out, "w") as f:
             json.dump({"rows": rows}, f)
     node.destroy_node()

@@ -1,25 +1,15 @@
-"""`sol-control bench cold-start`: process start to first decision, as a respawn sees it.
+"""The ROS side of `sol-control bench cold-start` (`sol_control.bench.cold_start`): a camera that
+publishes a fresh image every 20 ms (and joint states for grasp), and a listener for the node's
+decisions and its `startup.*` diagnostics.
 
-Per start: spawn `python -m sol_control.ros.node` (mode = --task, the shipped bundles, default
-parameters unless --param) while this process publishes a fresh camera image every 20 ms (and
-joint states for grasp); time the spawn to the first decision received. Then SIGKILL the node, as
-a crash would, and start the next one (the next start meets the dead node's DDS leftovers, as a
-respawn does). The node reports where its time went on /diagnostics (`startup.*`, process age per
-stage, docs/ROS_INTERFACE.md): imports (interpreter start and module imports), init (rclpy, the
-node, its parameters), configure (of which bundle_check = sha256 of every bundle file, sessions =
-tokenizers, ONNX Runtime sessions, KV caches), warmup, active (publishers, runner threads),
-first_decision (active to the first decision on a frame: discovery of the camera's publisher,
-the frame's wait and its decision; a sensor-timeout safe default does not count).
-Medians over the starts; --json writes every start.
+Per start: spawn the node while the camera runs; time the spawn to the first decision on one of
+this start's frames (a sensor-timeout safe default does not count); then SIGKILL the node, as a
+crash would, so the next start meets the dead node's DDS leftovers, as a respawn does.
 """
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import signal
 import subprocess
-import sys
 import time
 
 import rclpy
@@ -27,20 +17,11 @@ from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
 from sensor_msgs.msg import Image, JointState
 
 from sol_control.ros import qos
-from sol_control.ros.bench_peers import _scenes
+from sol_control.ros.bench_peers import scene_pool
 from sol_control.ros.convert import header, image_to_ros
 
 IMAGE_PERIOD_S = 0.02
 START_TIMEOUT_S = 120.0
-PHASES = ("imports", "init", "configure", "bundle_check", "sessions", "warmup", "active", "first_decision")
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--starts", type=int, default=5)
-    p.add_argument("--task", choices=["qc", "grasp"], default="qc")
-    p.add_argument("--json", help="write every start here")
-    p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
-                   help="node parameter override, e.g. decoding.warmup_runs=2 (repeatable)")
 
 
 class Probe:
@@ -48,7 +29,7 @@ class Probe:
 
     def __init__(self, task: str):
         self.node = rclpy.create_node("sol_control_cold_start_probe")
-        self.task, self.scenes, self.i = task, _scenes(task, 8), 0
+        self.task, self.scenes, self.i = task, scene_pool(task, 8), 0
         self.images = self.node.create_publisher(Image, "camera/image_raw", qos.sensor_qos(1000.0))
         self.joints = self.node.create_publisher(JointState, "joint_states", qos.sensor_qos(1000.0))
         topic = "qc/verdict" if task == "qc" else "grasp/decision"
@@ -112,34 +93,12 @@ def one_start(probe: Probe, cmd: list[str], env: dict) -> dict:
     return {"spawn_to_decision_s": probe.first_decision_mono - t0, "startup_s": probe.startup}
 
 
-def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
-
-
-def run(args: argparse.Namespace) -> int:
-    from sol_control.sim.demo import ros_env, ros_params
-
-    env = ros_env()
-    cmd = [sys.executable, "-m", "sol_control.ros.node", "--ros-args", "-p", f"mode:={args.task}"]
-    for p in ros_params(args.param):
-        cmd += ["-p", p]
+def starts(task: str, cmd: list[str], env: dict, n: int) -> list[dict]:
+    """`n` starts of the node command `cmd`, one after another, on the ROS domain of `env`."""
     rclpy.init(domain_id=int(env["ROS_DOMAIN_ID"]))
-    probe = Probe(args.task)
+    probe = Probe(task)
     try:
-        starts = [one_start(probe, cmd, env) for _ in range(args.starts)]
+        return [one_start(probe, cmd, env) for _ in range(n)]
     finally:
         probe.node.destroy_node()
         rclpy.try_shutdown()
-    med = {"spawn_to_decision_s": _median([s["spawn_to_decision_s"] for s in starts])}
-    med.update({k: _median([s["startup_s"].get(k, float("nan")) for s in starts]) for k in PHASES})
-    print(f"cold start to first decision, {args.task}, {len(starts)} starts (median s; load {os.getloadavg()[0]:.1f}):")
-    print("  " + ", ".join(f"{k} {v:.3f}" for k, v in med.items()))
-    for i, s in enumerate(starts):
-        print(f"  start {i}: {s['spawn_to_decision_s']:.3f} s (" +
-              ", ".join(f"{k} {s['startup_s'].get(k, float('nan')):.3f}" for k in PHASES) + ")")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"task": args.task, "median_s": med, "starts": starts, "params": args.param,
-                       "load_1min": os.getloadavg()[0]}, f, indent=1)
-    return 0

@@ -40,12 +40,14 @@ from pathlib import Path
 import numpy as np
 
 from ..common import REPO, table
+from ..stats import equal_share, token_share
 from .common import (ENGINES, PRECISIONS, VENVS, WEIGHTS_FROM, ServedWorker, Workload, serve_decisions,
                      time_decisions, worker_env)
 
 # the worker imports its engine module only: the others may not even install in its venv
 RUNNERS = {"ort-genai": ("ort_genai", "run_genai"), "transformers": ("hf_transformers", "run_transformers"),
            "openvino": ("ov_genai", "run_openvino"), "llama.cpp": ("llamacpp", "run_llama")}
+
 
 def worker(spec_path: Path, out_path: Path) -> None:
     spec = json.loads(spec_path.read_text())
@@ -102,10 +104,7 @@ def run_peer(engine: str, hf_target: Path, hf_draft: Path | None, w: Workload, w
 
 
 def agreement(outputs: list[list[int]], reference: list[list[int]]) -> dict:
-    same = [a == b for a, b in zip(outputs, reference)]
-    tokens = [x == y for a, b in zip(outputs, reference) for x, y in zip(a, b)]
-    return {"match_standard": float(np.mean(same)) if same else 0.0,
-            "token_agreement": float(np.mean(tokens)) if tokens else 0.0}
+    return {"match_standard": equal_share(outputs, reference), "token_agreement": token_share(outputs, reference)}
 
 
 def hf_folders(bundle, cache: Path | None = None) -> tuple[Path, Path | None]:
@@ -218,14 +217,17 @@ def run_all(bundle, quick: bool = False, engines=ENGINES, python: Path | None = 
             "hf_draft": str(hf_draft) if hf_draft else None}
 
 
-def print_rows(result: dict) -> None:
+def rows_table(rows: list[dict]) -> str:
     head = ["engine", "mode", "prec", "tok/s", "min-max", "decode tok/s", "ms/decision", "TTFT ms", "accept", "= std"]
-    body = [[r["engine"], r["mode"], r["precision"], f"{r['tokens_per_s']:.0f}",
-             f"{r['tokens_per_s_min']:.0f}-{r['tokens_per_s_max']:.0f}", f"{r['decode_tokens_per_s']:.0f}",
-             f"{r['decision_ms_p50']:.2f}", f"{r['ttft_ms_p50']:.2f}",
-             "-" if r["acceptance"] is None else f"{r['acceptance']:.2f}", f"{r['match_standard']:.0%}"]
-            for r in result["rows"]]
-    print(table(head, body))
+    return table(head, [[r["engine"], r["mode"], r["precision"], f"{r['tokens_per_s']:.0f}",
+                         f"{r['tokens_per_s_min']:.0f}-{r['tokens_per_s_max']:.0f}", f"{r['decode_tokens_per_s']:.0f}",
+                         f"{r['decision_ms_p50']:.2f}", f"{r['ttft_ms_p50']:.2f}",
+                         "-" if r["acceptance"] is None else f"{r['acceptance']:.2f}", f"{r['match_standard']:.0%}"]
+                        for r in rows])
+
+
+def print_rows(result: dict) -> None:
+    print(rows_table(result["rows"]))
     for engine, note in result.get("skipped", {}).items():
         print(f"{engine}: skipped, {note}")
     for engine, err in result.get("errors", {}).items():

@@ -1,13 +1,20 @@
 """What every peer runner shares: the workload, the timing loop, where the venvs are."""
 from __future__ import annotations
 
+import json
+import os
+import select
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from ..common import REPO, pct
+from ..common import REPO
+from ..stats import ms_since, pct, rss_bytes
 
 PEERS_VENV = REPO / ".venv-peers"
 OV_VENV = REPO / ".venv-ov"
@@ -117,20 +124,6 @@ def cut_at_stop(tokens: list[int], stop_ids, max_new_tokens: int) -> list[int]:
 LMGenerate = Callable[[list[int], int, bool], tuple[list[int], float]]
 
 
-def _ms_since(t0_ns: int) -> float:
-    return (time.monotonic_ns() - t0_ns) / 1e6
-
-
-def peak_rss_mb() -> float:
-    """This process's peak RSS (VmHWM). Not getrusage's ru_maxrss: Linux carries that across
-    fork + exec, so a worker would report its parent's peak when the parent's is higher."""
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def decode_rate(n_tokens: int, first_ms: float, wall_ms: float) -> float | None:
     """Decode tokens/s of one answer: the tokens after the first over the time after it (None for
     an answer of one token)."""
@@ -151,7 +144,7 @@ def time_lm(generate: LMGenerate, w: LMWork) -> dict:
         reset()
         c0, t0 = time.process_time(), time.monotonic_ns()
         tokens, first_ms = generate(ids, w.prompt_new_tokens, False)
-        wall_ms, cpu = _ms_since(t0), time.process_time() - c0
+        wall_ms, cpu = ms_since(t0), time.process_time() - c0
         rate = decode_rate(len(tokens), first_ms, wall_ms)
         if rate is not None:
             decode.append(rate)
@@ -168,20 +161,18 @@ def time_lm(generate: LMGenerate, w: LMWork) -> dict:
         loop_ttft.append(first_ms)
         if r < len(w.loop_turns):
             context = next_loop_context(context, loop_out[-1], w.loop_turns[r], w.close, w.stop_ids)
-    loop_s = _ms_since(t0) / 1e3
+    loop_s = ms_since(t0) / 1e3
     return {"decode_tokens_per_s": pct(decode, 50), "ttft_ms": pct(ttft, 50),
             "tokens_per_s_with_prefill": pct(with_prefill, 50), "loop_s": loop_s,
             "loop_ttft_ms": pct(loop_ttft, 50), "loop_new_tokens": sum(map(len, loop_out)),
             "loop_context_tokens": len(context) + len(loop_out[-1]),
             "cpu_s_per_query": pct(cpu_s, 50),
-            "rss_mb": peak_rss_mb(),
+            "rss_mb": rss_bytes("VmHWM") / 2**20 or float("nan"),  # this worker's peak
             "outputs": {"prompts": prompts_out, "loop": loop_out}}
 
 
 def worker_env(threads: int) -> dict:
     """The environment of a peer worker: our package importable, the engine held to `threads`."""
-    import os
-
     return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
 
 
@@ -192,9 +183,6 @@ def serve(answer: Callable[[dict], dict], warm_up: Callable[[], object]) -> dict
     """A worker's "serve" step (the paired benchmarks): `warm_up()`, a `{"ready": true}` reply, then
     `answer(request)` for each request line (JSON) until the input ends. Replies are JSON lines
     starting with SERVE_MARK."""
-    import json
-    import sys
-
     def reply(obj: dict) -> None:
         sys.stdout.write(SERVE_MARK + json.dumps(obj) + "\n")
         sys.stdout.flush()
@@ -218,7 +206,7 @@ def serve_lm(generate: LMGenerate, w: LMWork) -> dict:
         reset()
         t0 = time.monotonic_ns()
         tokens, first_ms = generate(req["ids"], int(req["max_new"]), False)
-        return {"tokens": [int(t) for t in tokens], "first_ms": first_ms, "wall_ms": _ms_since(t0)}
+        return {"tokens": [int(t) for t in tokens], "first_ms": first_ms, "wall_ms": ms_since(t0)}
 
     return serve(answer, lambda: (reset(), generate(w.prompts[0], 4, False)))
 
@@ -239,7 +227,7 @@ def serve_decisions(mode: str):
         def answer(req: dict) -> dict:
             t0 = time.monotonic_ns()
             tokens, _, _ = decide(req["prefix"])
-            return {"tokens": [int(t) for t in tokens], "ms": _ms_since(t0)}
+            return {"tokens": [int(t) for t in tokens], "ms": ms_since(t0)}
 
         return serve(answer, lambda: decide(w.prefixes[0]))
 
@@ -252,8 +240,6 @@ class ServedWorker:
     a worker that stalls is killed. `command` is its argv, stderr goes to `log`."""
 
     def __init__(self, command: list[str], env: dict, log, timeout_s: float = 600):
-        import subprocess
-
         self.timeout_s, self._buf, self._log = timeout_s, b"", open(log, "wb")
         self._proc = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=self._log)
@@ -264,17 +250,11 @@ class ServedWorker:
             raise
 
     def ask(self, request: dict) -> dict:
-        import json
-
         self._proc.stdin.write((json.dumps(request) + "\n").encode())
         self._proc.stdin.flush()
         return self._reply()
 
     def _reply(self) -> dict:
-        import json
-        import os
-        import select
-
         deadline, fd = time.monotonic() + self.timeout_s, self._proc.stdout.fileno()
         while True:
             while b"\n" not in self._buf:
@@ -295,8 +275,6 @@ class ServedWorker:
                 return json.loads(line[len(SERVE_MARK):])
 
     def close(self) -> None:
-        import subprocess
-
         if self._proc.stdin and not self._proc.stdin.closed:
             self._proc.stdin.close()
         try:
@@ -315,8 +293,6 @@ class ServedWorker:
 
 def folder_mb(path) -> float:
     """Size of a model file, or of every file in a model folder, in MB."""
-    from pathlib import Path
-
     path = Path(path)
     files = [path] if path.is_file() else [f for f in path.rglob("*") if f.is_file()]
     return round(sum(f.stat().st_size for f in files) / 1e6, 1)

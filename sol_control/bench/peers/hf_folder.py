@@ -7,15 +7,12 @@ a retrained look-alike, and a peer benchmark on a fresh clone compares engines o
 weights. The safetensors file is written here (a JSON header plus raw little-endian arrays), so no
 torch, safetensors or pydantic is needed: the peer venvs import this too.
 
-    python -m sol_control.bench.peers.hf_folder --bundle models/grasp --out /tmp/grasp_hf   # target/, draft/
-    python tools/onnx_to_hf.py ... --check    # the same, then transformers vs ONNX Runtime (needs torch)
+    python tools/onnx_to_hf.py --bundle models/grasp --out /tmp/grasp_hf [--check]   # target/, draft/
 """
 from __future__ import annotations
 
-import argparse
 import json
 import struct
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -46,20 +43,6 @@ def save_safetensors(tensors: dict[str, np.ndarray], path: Path) -> None:
         fh.write(head)
         for blob in blobs:
             fh.write(blob)
-
-
-def load_safetensors(path: Path) -> dict[str, np.ndarray]:
-    raw = Path(path).read_bytes()
-    (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + n])
-    names = {v: k for k, v in _DTYPES.items()}
-    out = {}
-    for name, e in header.items():
-        if name == "__metadata__":
-            continue
-        lo, hi = e["data_offsets"]
-        out[name] = np.frombuffer(raw[8 + n + lo:8 + n + hi], names[e["dtype"]].newbyteorder("<")).reshape(e["shape"])
-    return out
 
 
 # ---- weights out of the graph (sol_control.graph.from_onnx) --------------------------------------
@@ -120,17 +103,3 @@ def convert_bundle(bundle_dir: Path, out_dir: Path) -> dict[str, Path]:
         config["sol_control"] = {"from": f"{manifest['name']}/{fname}", "sha256": digest}
         out[role] = write_hf(out_dir / role, config, params)
     return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bundle", type=Path, required=True)
-    ap.add_argument("--out", type=Path, required=True, help="writes OUT/target and OUT/draft")
-    args = ap.parse_args(argv)
-    for role, folder in convert_bundle(args.bundle, args.out).items():
-        print(f"{role}: {folder}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,49 +7,65 @@ from pathlib import Path
 from .common import (Decide, LMGenerate, LMWork, Workload, cut_at_stop, folder_mb,
                      time_decisions, time_lm, timed_row)
 
-def transformers_decide(model, new_tokens: int, assistant=None) -> Decide:
-    import torch
-    from transformers import GenerationConfig
+
+def first_token_streamer():
+    """A streamer that notes when the first new token came (`first_ns`): generate() calls put()
+    with the prompt, then with each new token."""
     from transformers.generation.streamers import BaseStreamer
 
-    config = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=0, do_sample=False,
-                              eos_token_id=None, pad_token_id=0, num_beams=1)
-
-    class FirstToken(BaseStreamer):  # generate() calls put() with the prompt, then new tokens
+    class FirstToken(BaseStreamer):
         def __init__(self):
-            self.calls, self.first_s = 0, None
+            self.calls, self.first_ns = 0, None
 
         def put(self, value):
             self.calls += 1
             if self.calls == 2:
-                self.first_s = time.perf_counter()
+                self.first_ns = time.monotonic_ns()
 
         def end(self):
             pass
 
+    return FirstToken()
+
+
+def load_model(hf_dir: Path, threads: int):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(threads)
+    return AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+
+
+def timed_generate(model, ids: list[int], assistant_model=None, past_key_values=None, **config) -> tuple[list[int], float]:
+    """Greedy `generate()` on `ids` (`config`: GenerationConfig fields): the new tokens, and ms to the
+    first of them."""
+    import torch
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(min_new_tokens=0, do_sample=False, num_beams=1, **config)
+    x = torch.tensor([ids], dtype=torch.long)
+    streamer = first_token_streamer()
+    t0 = time.monotonic_ns()
+    with torch.inference_mode():
+        out = model.generate(x, attention_mask=torch.ones_like(x), generation_config=config, streamer=streamer,
+                             assistant_model=assistant_model, past_key_values=past_key_values)
+    return out[0, len(ids):].tolist(), ((streamer.first_ns or time.monotonic_ns()) - t0) / 1e6
+
+
+def transformers_decide(model, new_tokens: int, assistant=None) -> Decide:
     def decide(prefix: list[int]):
-        ids = torch.tensor([prefix], dtype=torch.long)
-        streamer = FirstToken()
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config,
-                                 assistant_model=assistant, streamer=streamer)
-        ttft_ms = ((streamer.first_s or time.perf_counter()) - t0) * 1e3
-        return out[0, len(prefix):].tolist(), ttft_ms, {}
+        return (*timed_generate(model, prefix, max_new_tokens=new_tokens, eos_token_id=None, pad_token_id=0,
+                                assistant_model=assistant), {})
 
     return decide
 
 
 def run_transformers(hf_target: Path, hf_draft: Path | None, w: Workload, timer=time_decisions) -> list[dict]:
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    torch.set_num_threads(w.threads)
-    target = AutoModelForCausalLM.from_pretrained(hf_target, dtype=torch.float32).eval()
+    target = load_model(hf_target, w.threads)
     target.generation_config.eos_token_id = None  # fixed-length decisions, like ours
     rows = [timed_row("transformers", "plain", "fp32", transformers_decide(target, w.new_tokens), w, timer)]
     if hf_draft:
-        draft = AutoModelForCausalLM.from_pretrained(hf_draft, dtype=torch.float32).eval()
+        draft = load_model(hf_draft, w.threads)
         draft.generation_config.eos_token_id = None
         draft.generation_config.num_assistant_tokens = w.k
         draft.generation_config.num_assistant_tokens_schedule = "constant"
@@ -69,42 +85,22 @@ def transformers_lm_generate(model, stop_ids, lookup: int | None = None) -> LMGe
     (cropped to the conversation after each answer: the last token is not in it yet); assisted
     generation (prompt lookup) re-runs the whole input when given a filled cache (transformers
     5.24: it appends the whole prompt again), so there every call prefills from scratch."""
-    import torch
-    from transformers import DynamicCache, GenerationConfig
-    from transformers.generation.streamers import BaseStreamer
-
-    class FirstToken(BaseStreamer):  # generate() calls put() with the prompt, then with new tokens
-        def __init__(self):
-            self.calls, self.first_ns = 0, None
-
-        def put(self, value):
-            self.calls += 1
-            if self.calls == 2:
-                self.first_ns = time.monotonic_ns()
-
-        def end(self):
-            pass
+    from transformers import DynamicCache
 
     cache = [None]
 
     def generate(ids: list[int], max_new_tokens: int, keep: bool):
-        config = GenerationConfig(max_new_tokens=max_new_tokens, min_new_tokens=0, do_sample=False, num_beams=1,
-                                  eos_token_id=list(stop_ids), pad_token_id=int(stop_ids[-1]),
-                                  prompt_lookup_num_tokens=lookup)
         if lookup or not keep or cache[0] is None:
             cache[0] = None if lookup else DynamicCache(config=model.config)
-        x = torch.tensor([ids], dtype=torch.long)
-        streamer = FirstToken()
-        t0 = time.monotonic_ns()
-        with torch.inference_mode():
-            out = model.generate(x, attention_mask=torch.ones_like(x), generation_config=config,
-                                 past_key_values=cache[0], streamer=streamer)
-        tokens = cut_at_stop(out[0, len(ids):].tolist(), stop_ids, max_new_tokens)
+        tokens, first_ms = timed_generate(model, ids, max_new_tokens=max_new_tokens, eos_token_id=list(stop_ids),
+                                          pad_token_id=int(stop_ids[-1]), prompt_lookup_num_tokens=lookup,
+                                          past_key_values=cache[0])
+        tokens = cut_at_stop(tokens, stop_ids, max_new_tokens)
         if cache[0] is not None:
             extra = cache[0].get_seq_length() - (len(ids) + len(tokens) - 1)
             if extra > 0:
                 cache[0].crop(-extra)
-        return tokens, ((streamer.first_ns or time.monotonic_ns()) - t0) / 1e6
+        return tokens, first_ms
 
     return generate
 
@@ -116,11 +112,7 @@ def prepare_transformers_lm(hf_dir: Path, work: Path, precision: str, threads: i
 
 
 def run_transformers_lm(hf_dir: Path, w: LMWork, work: Path, precision: str, mode: str, timer=time_lm) -> dict:
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    torch.set_num_threads(w.threads)
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    model = load_model(hf_dir, w.threads)
     lookup = HF_LOOKUP_TOKENS if mode == "lookup" else None
     note = ("DynamicCache kept across loop rounds" if lookup is None else
             "assisted generation cannot continue a filled cache: every loop round prefills the whole conversation")

@@ -107,13 +107,17 @@ def llama_open(path: Path, precision: str, w: Workload, draft_model=None):
     quantized rows keep llama.cpp's defaults."""
     import llama_cpp
 
-    no_extra_buffer_types()
-
-    n_ctx = max(len(p) for p in w.prefixes) + w.new_tokens + w.k + 1
-    n_ctx = -(-n_ctx // 64) * 64
-    kv = {"type_k": llama_cpp.GGML_TYPE_F32, "type_v": llama_cpp.GGML_TYPE_F32} if precision == "fp32" else {}
+    n_ctx = -(-(max(len(p) for p in w.prefixes) + w.new_tokens + w.k + 1) // 64) * 64
     return llama_cpp.Llama(str(path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=w.threads,
-                           n_threads_batch=w.threads, draft_model=draft_model, verbose=False, **kv)
+                           n_threads_batch=w.threads, draft_model=draft_model, verbose=False, **kv_types(precision))
+
+
+def kv_types(precision: str) -> dict:
+    """An f32 KV cache for fp32 rows (llama.cpp's default is f16); also turns off the AMX buffers."""
+    import llama_cpp
+
+    no_extra_buffer_types()
+    return {"type_k": llama_cpp.GGML_TYPE_F32, "type_v": llama_cpp.GGML_TYPE_F32} if precision == "fp32" else {}
 
 
 def llama_draft_model(draft, k: int):
@@ -260,17 +264,15 @@ def run_llama_lm(src: Path, w: LMWork, work: Path, precision: str, mode: str, ti
     import llama_cpp
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-    no_extra_buffer_types()
     path = lm_gguf(src, work, precision, w.threads)
     lookup = LLAMA_LOOKUP if mode == "lookup" else None
     n_ctx = -(-(max(w.loop_context_max, max(map(len, w.prompts)) + w.prompt_new_tokens) + 32) // 256) * 256
-    kv = {"type_k": llama_cpp.GGML_TYPE_F32, "type_v": llama_cpp.GGML_TYPE_F32} if precision == "fp32" else {}
     # a draft model needs every position's logits; llama-cpp-python 0.3.36 turns that on by itself
     # but sizes its logits array from the argument (n_batch rows), so a context past 512 tokens
     # overflows it: logits_all=True given explicitly
     llm = llama_cpp.Llama(str(path), n_ctx=n_ctx, n_threads=w.threads, n_threads_batch=w.threads, verbose=False,
                           draft_model=LlamaPromptLookupDecoding(**lookup) if lookup else None,
-                          logits_all=bool(lookup), **kv)
+                          logits_all=bool(lookup), **kv_types(precision))
     label = "plain" if lookup is None else f"prompt lookup k={lookup['num_pred_tokens']} n={lookup['max_ngram_size']}"
     row = {"mode": label, **timer(llama_lm_generate(llm, w.stop_ids), w)}
     if lookup:

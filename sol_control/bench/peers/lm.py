@@ -32,7 +32,6 @@ import argparse
 import functools
 import hashlib
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -41,7 +40,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from ..common import REPO, table
+from ..common import REPO, fmt as _f, table
+from ..stats import first_difference
 from .common import (VENVS, LMWork, ServedWorker, decode_rate, next_loop_context, serve_lm, time_lm,
                      worker_env)
 
@@ -102,11 +102,9 @@ def file_digest(path: Path) -> str:
 
 @functools.lru_cache(maxsize=16)
 def _digest(path: str, size: int, mtime_ns: int) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()[:12]
+    from sol_control.bundle import sha256_file
+
+    return sha256_file(Path(path))[:12]
 
 
 def hf_folder(gguf: Path, cache: Path | None = None) -> Path:
@@ -331,10 +329,7 @@ def fp32_reference(gguf: Path, workload: dict, threads: int = 1, quick: bool = F
 def lm_agreement(outputs: dict, reference: dict) -> dict:
     """Prompts whose tokens equal the reference's (and where the others first differ); loop rounds
     equal before the first round that differs (after it the contexts differ too)."""
-    first_diff = []
-    for got, want in zip(outputs["prompts"], reference["prompts"]):
-        i = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
-        first_diff.append(None if i is None and len(got) == len(want) else (i if i is not None else min(len(got), len(want))))
+    first_diff = [first_difference(got, want) for got, want in zip(outputs["prompts"], reference["prompts"])]
     rounds = 0
     for got, want in zip(outputs["loop"], reference["loop"]):
         if got != want:
@@ -345,10 +340,6 @@ def lm_agreement(outputs: dict, reference: dict) -> dict:
 
 
 # ---- the table --------------------------------------------------------------------------------------
-
-def _f(value, fmt: str) -> str:
-    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, fmt)
-
 
 def print_lm_rows(rows: list[dict]) -> None:
     head = ["engine", "mode", "prec", "format", "decode tok/s", "TTFT ms", "tok/s w/ prefill", "loop s",

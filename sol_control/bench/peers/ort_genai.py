@@ -13,6 +13,7 @@ import numpy as np
 from .common import (Decide, LMGenerate, LMWork, Workload, cut_at_stop, folder_mb,
                      time_decisions, time_lm, timed_row)
 
+
 def add_word_tokenizer(hf_dir: Path, vocab_size: int) -> None:
     """The GenAI builder insists on a tokenizer; token-id workloads never use it."""
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -23,14 +24,20 @@ def add_word_tokenizer(hf_dir: Path, vocab_size: int) -> None:
     PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0").save_pretrained(hf_dir)
 
 
+def hf_copy(hf_dir: Path, dst: Path) -> Path:
+    """A copy of the HF folder for a converter, with a tokenizer (without one the converters refuse
+    or invent a 32k-token one)."""
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(hf_dir, dst)
+    if not (dst / "tokenizer.json").is_file():
+        add_word_tokenizer(dst, json.loads((dst / "config.json").read_text())["vocab_size"])
+    return dst
+
+
 def genai_convert(hf_dir: Path, out_dir: Path, precision: str, threads: int) -> Path:
     """`onnxruntime_genai.models.builder` HF folder -> GenAI folder (fp32 or its own int4)."""
     if not (out_dir / "genai_config.json").is_file():
-        src = out_dir.parent / f"{out_dir.name}-hf"
-        shutil.rmtree(src, ignore_errors=True)
-        shutil.copytree(hf_dir, src)
-        if not (src / "tokenizer.json").is_file():
-            add_word_tokenizer(src, json.loads((src / "config.json").read_text())["vocab_size"])
+        src = hf_copy(hf_dir, out_dir.parent / f"{out_dir.name}-hf")
         cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(src), "-o", str(out_dir),
                "-p", precision, "-e", "cpu"]
         if precision == "int4":

@@ -1,7 +1,6 @@
 """OpenVINO GenAI, plain and speculative, fp32 and its own int8 / int4 (runs inside its own venv, see tools/setup_peers.sh)."""
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -11,7 +10,7 @@ import numpy as np
 
 from .common import (PRECISIONS, Decide, LMGenerate, LMWork, Workload, cut_at_stop,
                      folder_mb, time_decisions, time_lm, timed_row)
-from .ort_genai import add_word_tokenizer
+from .ort_genai import hf_copy
 
 # optimum-cli --weight-format and the extra options for each precision. int4 uses groups of 32 on
 # every MatMul (ratio 1.0), the layout of our own int4 and of ORT GenAI's.
@@ -22,11 +21,7 @@ OV_FORMATS = {"fp32": ["--weight-format", "fp32"], "int8": ["--weight-format", "
 def ov_export(hf_dir: Path, out_dir: Path, precision: str) -> Path:
     """`optimum-cli export openvino` HF folder -> OpenVINO IR folder (fp32, or NNCF int8/int4)."""
     if not (out_dir / "openvino_model.xml").is_file():
-        src = out_dir.parent / f"{out_dir.name}-hf"
-        shutil.rmtree(src, ignore_errors=True)
-        shutil.copytree(hf_dir, src)
-        if not (src / "tokenizer.json").is_file():  # else the exporter invents a 32k-token one
-            add_word_tokenizer(src, json.loads((src / "config.json").read_text())["vocab_size"])
+        src = hf_copy(hf_dir, out_dir.parent / f"{out_dir.name}-hf")
         cli = Path(sys.executable).with_name("optimum-cli")
         tmp = out_dir.with_name(out_dir.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)

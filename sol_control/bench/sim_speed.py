@@ -1,6 +1,6 @@
-"""Simulator speed: render fps per camera and physics steps per second.
+"""Simulator speed: render fps per camera and physics steps per second (MuJoCo, `sol_control.sim`).
 
-    python -m sol_control.sim.bench [--json PATH]
+    python -m sol_control.bench.sim_speed [--json PATH]
 """
 from __future__ import annotations
 
@@ -9,15 +9,16 @@ import json
 import os
 import time
 
-import numpy as np
+from .common import write_json
+from .stats import pct
 
 
 def measure(repeats: int = 5, renders: int = 200, steps: int = 5000) -> dict:
-    from sol_control.sim.cell import Cell
-    from sol_control.sim.config import CellConfig
+    from ..sim.cell import Cell
+    from ..sim.config import CellConfig
 
     cell = Cell(CellConfig(seed=1))
-    cell.step_for(3.0)                                   # parts on the belt, a scene on the table
+    cell.step_for(3.0)  # parts on the belt, a scene on the table
     out = {"mujoco_gl": os.environ.get("MUJOCO_GL", "")}
     for name, fn in (("qc_128px_fps", cell.render_qc), ("pick_192px_fps", cell.render_pick)):
         for _ in range(20):
@@ -28,7 +29,7 @@ def measure(repeats: int = 5, renders: int = 200, steps: int = 5000) -> dict:
             for _ in range(renders):
                 fn()
             rates.append(renders / (time.perf_counter() - t0))
-        out[name] = float(np.median(rates))
+        out[name] = pct(rates, 50)
     t0 = time.perf_counter()
     for _ in range(steps):
         cell.step()
@@ -43,11 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default="")
     args = p.parse_args(argv)
     res = measure()
-    text = json.dumps(res, indent=1)
-    print(text)
+    print(json.dumps(res, indent=1))
     if args.json:
-        with open(args.json, "w") as f:
-            f.write(text)
+        write_json(args.json, res, indent=1)
     return 0
 
 
