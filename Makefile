@@ -57,6 +57,11 @@ demo: $(STAMP) $(NATIVE)
 test: $(STAMP) $(TRAIN_STAMP) $(SDF_CHECK) $(NATIVE) $(CROSS_TOOLS)
 	SOL_CONTROL_REQUIRE_CROSS=1 $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
+# While editing: every test that starts no process, no DDS participant and no simulator and is not
+# slow on its own (markers in setup.cfg), under a minute on 2 cores. `make test` (and CI) runs them all.
+test-quick: $(STAMP) $(TRAIN_STAMP) $(NATIVE)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not process and not ros and not sim and not slow" $(PYTEST_ARGS)
+
 # The NEON kernels' check (tests/test_native_isa.py): Debian's aarch64 cross compiler and qemu-user
 # (qemu-aarch64 -cpu max runs ARMv8.2 dotprod), installed when missing, as the SDFormat checker's.
 $(CROSS_TOOLS):

@@ -2,7 +2,9 @@
 
 The manifest's `actions` list drives everything: each field is one token, `bins` fields quantize a
 value in [low, high] into `size` bins (bin centre on decode, OpenVLA style), `categorical` fields
-pick one of `labels`. Token id = field.token_offset + index.
+pick one of `labels`. Token id = field.token_offset + index. A `relative_to` field's bins hold the
+value minus an observation feature as the decision's prefix measured it (its bin centre), so
+decoding and encoding it take that prefix.
 """
 from __future__ import annotations
 
@@ -76,10 +78,20 @@ class ActionTokenizer:
     task: str  # "qc" | "grasp" | a generic task's name
     fields: tuple[ActionField, ...]
     uncertain_below: float = 0.0  # QC confidence below this -> verdict "uncertain"
+    features: tuple[dict, ...] = ()  # the observation's feature bins (a relative_to field's base)
     _by_name: dict[str, ActionField] = field(init=False, repr=False)
+    _bases: dict[str, dict] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._by_name = {f.name: f for f in self.fields}
+        specs = {s["name"]: s for s in self.features}
+        self._bases = {}
+        for f in self.fields:
+            if f.relative_to is not None:
+                if f.relative_to not in specs:
+                    raise ValueError(f"action field {f.name!r}: relative_to {f.relative_to!r} is not an "
+                                     f"observation feature ({sorted(specs)})")
+                self._bases[f.name] = specs[f.relative_to]
 
     @classmethod
     def from_manifest(cls, manifest: Manifest, *, uncertain_below: float = 0.0) -> ActionTokenizer:
@@ -92,7 +104,8 @@ class ActionTokenizer:
         if expected is not None and names != expected:
             raise ValueError(f"bundle {manifest.name!r}: task {manifest.task!r} needs the action fields "
                              f"{expected}, got {names}")
-        return cls(manifest.task, tuple(manifest.actions), uncertain_below)
+        return cls(manifest.task, tuple(manifest.actions), uncertain_below,
+                   tuple(manifest.observation.get("features", ())))
 
     @property
     def n_tokens(self) -> int:
@@ -121,7 +134,20 @@ class ActionTokenizer:
             raise ValueError(f"action field {f.name!r}: value must be finite, got {value}")
         return min(f.size - 1, max(0, int(math.floor((value - f.low) / (f.high - f.low) * f.size))))
 
-    def _values(self, tokens: Sequence[int]) -> dict[str, Any]:
+    def _base(self, f: ActionField, prefix: Sequence[int] | None) -> float:
+        """A relative_to field's base: its feature's bin centre, from that feature's token in the
+        prefix (0.0 for other fields)."""
+        spec = self._bases.get(f.name)
+        if spec is None:
+            return 0.0
+        lo = spec["offset"]
+        found = [int(t) - lo for t in (() if prefix is None else prefix) if lo <= int(t) < lo + spec["size"]]
+        if len(found) != 1:
+            raise ValueError(f"action field {f.name!r} is relative to {spec['name']!r}: needs the decision's "
+                             f"prefix with one {spec['name']!r} token, got {len(found)}")
+        return feature_bin_centre(spec, found[0])
+
+    def _values(self, tokens: Sequence[int], prefix: Sequence[int] | None = None) -> dict[str, Any]:
         if len(tokens) != self.n_tokens:
             raise ValueError(f"expected {self.n_tokens} action tokens, got {len(tokens)}")
         out: dict[str, Any] = {}
@@ -130,7 +156,8 @@ class ActionTokenizer:
             if not 0 <= index < f.size:
                 raise ValueError(f"action field {f.name!r}: token {int(tok)} outside "
                                  f"[{f.token_offset}, {f.token_offset + f.size})")
-            out[f.name] = f.labels[index] if f.kind == "categorical" else self._bin_value(f, index)
+            out[f.name] = (f.labels[index] if f.kind == "categorical"
+                           else self._bin_value(f, index) + self._base(f, prefix))
         return out
 
     # -- public ----------------------------------------------------------------------------------
@@ -144,8 +171,10 @@ class ActionTokenizer:
         cat = [p for f, p in zip(self.fields, probs) if f.kind == "categorical"]
         return float(min(cat if cat else probs))
 
-    def decode(self, tokens: Sequence[int], probs: Sequence[float] | None = None) -> Action | FieldValues:
-        values = self._values(tokens)
+    def decode(self, tokens: Sequence[int], probs: Sequence[float] | None = None,
+               prefix: Sequence[int] | None = None) -> Action | FieldValues:
+        """`prefix`: the observation tokens the decision was made from (needed by relative_to fields)."""
+        values = self._values(tokens, prefix)
         confidence = self.confidence(probs)
         if self.task not in ("qc", "grasp"):
             return FieldValues(values, confidence)
@@ -159,7 +188,7 @@ class ActionTokenizer:
         return GraspDecision(values["x"], values["y"], values["z"], values["yaw"], values["width"],
                              values["force"], approach, confidence)
 
-    def encode(self, decision_or_labels: Action | dict[str, Any]) -> list[int]:
+    def encode(self, decision_or_labels: Action | dict[str, Any], prefix: Sequence[int] | None = None) -> list[int]:
         labels = (decision_or_labels.to_labels() if isinstance(decision_or_labels, (GraspDecision, QCVerdict))
                   else decision_or_labels)
         tokens = []
@@ -172,8 +201,16 @@ class ActionTokenizer:
                     raise ValueError(f"action field {f.name!r}: unknown label {value!r} (labels {f.labels})")
                 tokens.append(f.token_offset + f.labels.index(value))
             else:
-                tokens.append(f.token_offset + self._value_bin(f, float(value)))
+                tokens.append(f.token_offset + self._value_bin(f, float(value) - self._base(f, prefix)))
         return tokens
+
+
+def feature_bin_centre(spec: dict, index: int) -> float:
+    """The centre of an observation feature's bin `index` (the inverse of perception.bin_feature)."""
+    low, high, size = spec["low"], spec["high"], spec["size"]
+    if spec.get("scale") == "log":
+        return math.exp(math.log(low) + (index + 0.5) * (math.log(high) - math.log(low)) / size)
+    return low + (index + 0.5) * (high - low) / size
 
 
 # -- limits ---------------------------------------------------------------------------------------

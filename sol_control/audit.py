@@ -22,10 +22,38 @@ from sol_control.actions import Action, ActionTokenizer, GraspDecision, QCVerdic
 from sol_control.budget import MONOTONIC, Budget
 from sol_control.decision import Decision
 from sol_control.planners import FullPrecisionPlanner
-from sol_control.runner import DecidingGate
 
 log = logging.getLogger(__name__)
 AUDIT_TRIES = 3  # starts of one audit before it is given up (counted as skipped)
+
+
+class DecidingGate:
+    """How many decisions are in progress in this process, from taking a frame to publishing its
+    answer. Background work that shares the process's cores and GIL (the shadow audit) runs only
+    while none is, so it never holds the GIL against a decision."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._deciding = 0
+
+    @property
+    def busy(self) -> bool:
+        return self._deciding > 0
+
+    def enter(self) -> None:
+        with self._cv:
+            self._deciding += 1
+
+    def leave(self) -> None:
+        with self._cv:
+            self._deciding -= 1
+            if not self._deciding:
+                self._cv.notify_all()
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """True as soon as no decision is in progress; False after `timeout_s` of decisions."""
+        with self._cv:
+            return self._cv.wait_for(lambda: not self._deciding, timeout_s)
 
 
 @dataclass(frozen=True)
@@ -108,8 +136,8 @@ class Auditor:
         res = self.full.plan(prefix, WhileIdle(None, MONOTONIC.now_ns(), gate=self.gate))
         if not res.complete:
             return False
-        ref = self.tokenizer.decode(res.tokens, res.probs)
-        fast = self.tokenizer.decode(decision.tokens)
+        ref = self.tokenizer.decode(res.tokens, res.probs, prefix)
+        fast = self.tokenizer.decode(decision.tokens, prefix=prefix)
         self.audited += 1
         self.agreed += agrees(fast, ref)
         self.token_identical += tuple(res.tokens) == decision.tokens

@@ -72,9 +72,14 @@ class ActionField(Strict):
     high: float | None = None
     labels: tuple[str, ...] | None = None
     tolerance: float | None = None  # success criterion used by `sol-control eval`, in `unit`
+    # bins only: the token says value - (this observation feature as the prefix measured it), so
+    # the answer moves with what perception measured (grasp width = the object's extent + a margin)
+    relative_to: str | None = None
 
     @model_validator(mode="after")
     def _kind(self) -> "ActionField":
+        if self.relative_to is not None and self.kind != "bins":
+            raise ValueError(f"action field {self.name!r}: relative_to needs kind 'bins'")
         if self.kind == "bins":
             if self.low is None or self.high is None or not self.low < self.high:
                 raise ValueError(f"action field {self.name!r}: bins need low < high, got {self.low}, {self.high}")

@@ -24,14 +24,13 @@ from pathlib import Path
 import numpy as np
 
 from sol_control.actions import ActionTokenizer, QCVerdict
-from sol_control.audit import Auditor
+from sol_control.audit import Auditor, DecidingGate
 from sol_control.budget import MONOTONIC, NS_PER_MS, NS_PER_S, Budget, Clock
 from sol_control.bundle import MANIFEST, Bundle, sha256_file
 from sol_control.config import NodeConfig, Task
 from sol_control.decision import Decision
 from sol_control.guard import DeadlineGuard
 from sol_control.planners import FastPlanner, FullPrecisionPlanner
-from sol_control.runner import DecidingGate
 from sol_control.telemetry import Conveyor, InputRejected, Telemetry, decode_compressed
 
 # Decision workers share the GIL with whoever else runs Python in the process (the ROS executor's
@@ -253,7 +252,7 @@ class Coprocessor:
                 "bundle": str(p.bundle.root),
                 "bundle_sha256": p.bundle_sha256,
                 "fast_backend": p.fast.backend,  # "native" or "onnxruntime" (decoding.backend)
-                "fast_backend_info": getattr(p.fast.target, "backend_info", None),  # variant, measured times, why
+                "fast_backend_info": p.fast.target.backend_info,  # variant, measured times, why
                 "full_precision_estimate_ms": p.guard.full_latency.estimate_ms(),
                 "fast_p50_ms": p.guard.fast_latency.estimate_ms(q=50.0),
                 "fast_probes": p.guard.probes["fast"],  # skipped paths run anyway (guard.PROBE_EVERY)

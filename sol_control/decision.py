@@ -96,8 +96,8 @@ def safe_decision(task: str, why: Failure, stamp_ns: int, frame_id: str, start_m
 def on_time_or_safe(d: Decision, now_ns: int | None = None, margin_ms: float = 0.0) -> Decision:
     """Measure the latency again at `now_ns`; a decision that is late and not a safe default already
     becomes the safe default (`fast_late`, or `full_precision_late` after the fast path's failure),
-    so every output is on time or labelled safe_default. The guard applies it when it decides, the
-    runner again right before publishing, with `margin_ms` kept for the publish itself."""
+    so every output is on time or labelled safe_default. Applied once, by the runner right before
+    publishing, with `margin_ms` kept for the publish itself."""
     if not d.start_mono_ns:
         return d
     latency_ms = ((time.monotonic_ns() if now_ns is None else now_ns) - d.start_mono_ns) / NS_PER_MS

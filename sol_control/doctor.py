@@ -99,7 +99,7 @@ def _backend(sess) -> tuple[dict | None, str]:
     """The session's `backend_info` (None where the engine has none) and the backend that runs it."""
     from .decoding.native import NativeDecoderSession
 
-    info = getattr(sess, "backend_info", None)
+    info = sess.backend_info
     if isinstance(info, dict) and info.get("backend"):
         return info, info["backend"]
     return None, "native" if isinstance(sess, NativeDecoderSession) else "onnxruntime"

@@ -20,7 +20,9 @@ that once said "too slow" would say so for good. A probe that finishes in time p
 that skipped it stale: its latency model restarts from that run. Warm-up runs (made while the
 nodes and the cell start on the same cores, often many times slower) seed a model only until its
 first live run, so a slow start cannot outvote what the planner does now.
-Nothing escapes `decide`: every exception becomes a `Failure` and a fallback.
+Nothing escapes `decide`: every exception becomes a `Failure` and a fallback. A decision says which
+path made it, its latency and whether that met the deadline; whether it is still on time when it
+leaves is the runner's to say, once, at publish (`decision.on_time_or_safe`).
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ import numpy as np
 from sol_control.actions import Action, ActionTokenizer, limit_violations, safe_default
 from sol_control.budget import NS_PER_MS, Budget
 from sol_control.config import NodeConfig
-from sol_control.decision import Decision, Failure, on_time_or_safe
+from sol_control.decision import Decision, Failure
 from sol_control.planners import FastPlanner, FullPrecisionPlanner, PlanResult
 from sol_control.policy import overruled, policy_failure
 
@@ -92,8 +94,8 @@ def fast_budget(budget: Budget, cfg: NodeConfig, full_estimate_ms: float, fast_p
     """The fast path's share of `budget`: all that is left (minus the publish margin) x fast_share,
     minus a reserve for the full-precision planner when what remains still holds the fast path's
     p95 run (and at least min_fast_ms). Otherwise reserving would only starve the fast path: cut
-    at its median, as it was before (demo, grasp at 25 ms: 7 of 24 decisions), it overran its
-    share by a step, and then the reserve no longer held full precision either."""
+    at its median (measured in the demo, grasp at 25 ms: 7 of 24 decisions), it overruns its
+    share by a step, and then the reserve does not hold full precision either."""
     if budget.deadline_ns is None:
         return budget  # unlimited stays unlimited
     d = cfg.deadline
@@ -146,13 +148,11 @@ class DeadlineGuard:
         self.tokenizer.uncertain_below = cfg.qc.uncertain_below if self.task == "qc" else 0.0
 
         def done(action: Action, source: str, fast: Attempt | None = None, **kw) -> Decision:
-            now = budget.clock.now_ns()
-            latency_ms = budget.elapsed_ms(now)
+            latency_ms = budget.elapsed_ms()
             if fast is not None:
                 kw.update(fast_ms=fast.ms, acceptance=fast.acceptance)
-            d = Decision(self.task, action, source, latency_ms, budget.total_ms, latency_ms <= budget.total_ms,
-                         stamp_ns, frame_id, start_mono_ns=budget.start_ns, **kw)
-            return on_time_or_safe(d, now_ns=now)
+            return Decision(self.task, action, source, latency_ms, budget.total_ms, latency_ms <= budget.total_ms,
+                            stamp_ns, frame_id, start_mono_ns=budget.start_ns, **kw)
 
         if budget.remaining_ms() <= cfg.deadline.publish_margin_ms:
             return done(safe_default(self.task), "safe_default", fast_failure=Failure("no_budget"))
@@ -193,7 +193,7 @@ class DeadlineGuard:
                 res = self.fast.plan(prefix, fb, cfg.fault_injection)
                 if res.complete:  # finished within fb; a probe that did proves the window stale
                     self.fast_latency.add(res.latency_ms, restart=gate == PROBE)
-                action, failure = self._accept(res, self._min_confidence(cfg), cfg, "fast")
+                action, failure = self._accept(prefix, res, self._min_confidence(cfg), cfg, "fast")
         except Exception as e:  # noqa: BLE001 - the control loop never lets an error escape
             action, failure = None, Failure("fast_error", type(e).__name__)
         return Attempt(action, failure, (clock.now_ns() - t0) / NS_PER_MS, res)
@@ -208,18 +208,18 @@ class DeadlineGuard:
             res = self.full.plan(prefix, full_budget, cfg.fault_injection)
             if res.complete:  # finished in time; a probe that did proves the window stale
                 self.full_latency.add(res.latency_ms, restart=probe)
-            action, failure = self._accept(res, self._full_min_confidence(cfg), cfg, "full_precision")
+            action, failure = self._accept(prefix, res, self._full_min_confidence(cfg), cfg, "full_precision")
         except Exception as e:  # noqa: BLE001
             action, failure = None, Failure("full_precision_error", type(e).__name__)
         return Attempt(action, failure, (clock.now_ns() - t0) / NS_PER_MS, res)
 
     # -- checks ----------------------------------------------------------------------------------
-    def _accept(self, res: PlanResult, min_confidence: float, cfg: NodeConfig,
+    def _accept(self, prefix: np.ndarray, res: PlanResult, min_confidence: float, cfg: NodeConfig,
                 stage: str) -> tuple[Action | None, Failure | None]:
         if not res.complete:
             return None, Failure(f"{stage}_over_budget")
         try:
-            action = self.tokenizer.decode(res.tokens, res.probs)
+            action = self.tokenizer.decode(res.tokens, res.probs, prefix)
         except ValueError:
             return None, Failure(f"{stage}_invalid_tokens")
         if action.confidence < min_confidence:
@@ -271,8 +271,8 @@ class DeadlineGuard:
         return self.full_latency.estimate_ms(cfg.deadline.full_precision_safety)
 
     def _maybe_audit(self, prefix: np.ndarray, d: Decision, cfg: NodeConfig) -> None:
-        if (self.audit is not None and d.source == "fast" and cfg.audit_rate > 0
-                and self._rng.random() < cfg.audit_rate):
+        if (self.audit is not None and d.source == "fast" and d.deadline_met and cfg.audit_rate > 0
+                and self._rng.random() < cfg.audit_rate):  # a late one is published as the safe default
             self.audit(prefix, d)
 
     # -- warm-up ---------------------------------------------------------------------------------

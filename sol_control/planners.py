@@ -12,13 +12,16 @@ it is given, and nothing about ROS. Sessions and KV caches are created once, her
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sol_control.budget import NS_PER_MS, Budget
 from sol_control.bundle import Bundle
 from sol_control.config import DecodingConfig, FaultInjection
+
+if TYPE_CHECKING:  # the engine itself is imported at configure time
+    from sol_control.decoding import Decoder, DecodeStats
 
 
 class InjectedFault(RuntimeError):
@@ -31,16 +34,16 @@ class PlanResult:
     probs: list[float]
     complete: bool  # False: the budget ran out before all action tokens were decoded
     latency_ms: float  # on the budget's clock
-    stats: Any = None  # decoding.DecodeStats
+    stats: DecodeStats | None = None
 
     @property
     def acceptance(self) -> float:
+        """Accepted / proposed guesses; NaN when none were proposed."""
         s = self.stats
-        proposed = getattr(s, "proposed", 0) if s is not None else 0
-        return (s.accepted / proposed) if proposed else float("nan")
+        return s.accepted / s.proposed if s is not None and s.proposed else float("nan")
 
 
-def _session(bundle: Bundle, role: str, precision: str, dec: DecodingConfig, tag: str):
+def _session(bundle: Bundle, role: str, precision: str, dec: DecodingConfig, tag: str) -> Decoder:
     from sol_control.decoding import open_decoder  # engine; imported at configure time
 
     return open_decoder(bundle, role, precision, threads=dec.threads,
@@ -87,7 +90,7 @@ class FastPlanner:
         self.bin_range = bin_range  # action bins, where relaxed acceptance may apply
         self.mode = speculation_mode(bundle, dec.speculation)
         self.target = _session(bundle, "target", dec.fast_precision, dec, "")
-        self.draft = None
+        self.draft: Decoder | None = None
         if self.mode == "draft":
             self.draft = _session(bundle, "draft", _draft_precision(bundle, dec.draft_precision), dec, "")
         self.controller = AdaptiveK()  # k adapts across decisions, not only within one

@@ -9,52 +9,27 @@ a new pipeline that way), so no frame is decided half on one thing and half on a
 
 Exactly one decision per decided frame leaves through `publish`: the worker's, or the watchdog's
 safe default when the worker is still running at the deadline (its late answer is then dropped).
-Every decision is relabelled right before it leaves (`on_time_or_safe` with the publish margin),
-so a late answer goes out as a labelled safe default. The host (ROS node, soak, replay) builds the
-telemetry snapshot (frame + side streams) and supplies `RunnerHooks`: counting rejections and
-errors, the sensor-timeout state, the ROS clock.
+Every decision is labelled here, once, right before it leaves (`on_time_or_safe` with the publish
+margin): its latency is measured again and a late answer goes out as a labelled safe default.
+The runner calls down into the coprocessor (`step`, `config`, `gate`), which knows nothing of it.
+The host (ROS node, soak, replay) builds the telemetry snapshot (frame + side streams) and supplies
+`RunnerHooks`: counting rejections and errors, the sensor-timeout state, the ROS clock.
 """
 from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from sol_control.budget import MONOTONIC, NS_PER_MS, Clock
 from sol_control.decision import Decision, Failure, on_time_or_safe, safe_decision
 from sol_control.telemetry import Frame, InputRejected, LatestSlot, Telemetry
 
+if TYPE_CHECKING:
+    from sol_control.coprocessor import Coprocessor
+
 log = logging.getLogger(__name__)
 TAKE_TIMEOUT_S = 0.02  # how often an idle worker checks the sensor timeout and its stop flag
-
-
-class DecidingGate:
-    """How many decisions are in progress in this process, from taking a frame to publishing its
-    answer. Background work that shares the process's cores and GIL (the shadow audit) runs only
-    while none is, so it never holds the GIL against a decision."""
-
-    def __init__(self) -> None:
-        self._cv = threading.Condition()
-        self._deciding = 0
-
-    @property
-    def busy(self) -> bool:
-        return self._deciding > 0
-
-    def enter(self) -> None:
-        with self._cv:
-            self._deciding += 1
-
-    def leave(self) -> None:
-        with self._cv:
-            self._deciding -= 1
-            if not self._deciding:
-                self._cv.notify_all()
-
-    def wait_idle(self, timeout_s: float) -> bool:
-        """True as soon as no decision is in progress; False after `timeout_s` of decisions."""
-        with self._cv:
-            return self._cv.wait_for(lambda: not self._deciding, timeout_s)
 
 
 class RunnerHooks:
@@ -175,11 +150,11 @@ class Watchdog:
 class TaskRunner:
     """Decides one task's frames: `offer` the newest snapshot (executor side), the worker decides it."""
 
-    def __init__(self, task: str, cop, publish: Callable[[Decision], None], hooks: RunnerHooks | None = None,
-                 clock: Clock = MONOTONIC):
+    def __init__(self, task: str, cop: Coprocessor, publish: Callable[[Decision], None],
+                 hooks: RunnerHooks | None = None, clock: Clock = MONOTONIC):
         self.task = task
-        self.cop = cop  # sol_control.coprocessor.Coprocessor (its live config is the runner's)
-        self.gate: DecidingGate = cop.gate  # decisions are marked on it; the coprocessor's audits wait for it
+        self.cop = cop  # its live config is the runner's
+        self.gate = cop.gate  # decisions are marked on it; the coprocessor's audits wait for it
         self.hooks = hooks or CountingHooks()
         self.clock = clock
         self.frames: LatestSlot[Telemetry] = LatestSlot(clock)

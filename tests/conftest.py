@@ -25,3 +25,51 @@ def bundle_dir(task: str) -> Path | None:
         if (d / "manifest.json").is_file():
             return d
     return None
+
+
+# -- markers: what a test starts (setup.cfg [tool:pytest] registers them) ----------------------------
+# `make test` runs every test; `make test-quick` deselects these three. A test that starts one of
+# them without its marker fails here, so the quick run never starts a process, a DDS participant or
+# the simulator by accident.
+_CURRENT: list = []  # the test being run (setup, call and teardown, module fixtures included)
+
+
+def _guard(marker: str, what: str):
+    def check(args: tuple) -> None:
+        if _CURRENT and _CURRENT[-1].get_closest_marker(marker) is None:
+            import pytest
+
+            detail = repr(args[1])[:120] if what == "starts a process" and len(args) > 1 else ""
+            pytest.fail(f"{_CURRENT[-1].nodeid} {what} {detail}: mark it @pytest.mark.{marker}", pytrace=False)
+    return check
+
+
+def _wrap(owner, name: str, check, static: bool = False) -> None:
+    original = getattr(owner, name)
+
+    def wrapped(*args, **kwargs):
+        check(args)
+        return original(*args, **kwargs)
+    setattr(owner, name, staticmethod(wrapped) if static else wrapped)
+
+
+def pytest_configure(config) -> None:
+    import multiprocessing.process
+    import subprocess
+
+    import mujoco
+    import rclpy
+
+    _wrap(subprocess.Popen, "__init__", _guard("process", "starts a process"))
+    _wrap(multiprocessing.process.BaseProcess, "start", _guard("process", "starts a process"))
+    _wrap(rclpy, "init", _guard("ros", "creates a DDS participant (rclpy.init)"))
+    for name in ("from_xml_string", "from_xml_path"):
+        _wrap(mujoco.MjModel, name, _guard("sim", "builds a MuJoCo model"), static=True)
+
+
+def pytest_runtest_protocol(item, nextitem):
+    _CURRENT.append(item)
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    _CURRENT.clear()

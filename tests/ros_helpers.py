@@ -13,7 +13,9 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+
+from tests.waiting import wait_for  # noqa: F401 (re-exported for the ROS tests)
 
 REPO = Path(__file__).resolve().parents[1]
 PROFILE = REPO / "config" / "fastdds_localhost.xml"
@@ -44,16 +46,6 @@ def bundle_params() -> dict[str, str] | None:
     if all((REPO / "models" / t / "manifest.json").is_file() for t in ("qc", "grasp")):
         return {}
     return None
-
-
-def wait_for(pred: Callable[[], Any], timeout_s: float = 10.0, period_s: float = 0.01) -> Any:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        v = pred()
-        if v:
-            return v
-        time.sleep(period_s)
-    return pred()
 
 
 def now_ns(node) -> int:

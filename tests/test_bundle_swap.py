@@ -20,10 +20,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from sol_control.audit import DecidingGate
 from sol_control.budget import ManualClock
 from sol_control.config import from_flat
 from sol_control.decision import Decision, Failure, safe_decision
-from sol_control.runner import CountingHooks, DecidingGate, TaskRunner
+from sol_control.runner import CountingHooks, TaskRunner
 from sol_control.telemetry import Frame, Telemetry
 from tests.conftest import bundle_dir
 from tests.ros_helpers import Harness, now_ns, spin_until_shutdown, wait_for
@@ -158,6 +159,7 @@ def held_load(monkeypatch):
 
 
 # -- over DDS ---------------------------------------------------------------------------------------
+@pytest.mark.ros
 def test_a_swap_in_a_lock_step_run_loses_no_decision(line, held_load, tmp_path):
     loaded, release = held_load
     old_sha = manifest_sha(QC_BUNDLE)
@@ -186,6 +188,7 @@ def test_a_swap_in_a_lock_step_run_loses_no_decision(line, held_load, tmp_path):
     assert st["bundle"] == str(new.resolve()) and st["bundle_swaps"] == "1", st
 
 
+@pytest.mark.ros
 @pytest.mark.parametrize("case, reason", [
     ("flipped_byte", "sha256 mismatch for 'target_fused_int8.onnx'"),
     ("bad_manifest", "invalid manifest.json"),
@@ -206,6 +209,7 @@ def test_a_bad_bundle_is_refused_and_the_old_one_keeps_deciding(line, tmp_path, 
     assert reason in line.qc_status()["bundle_swap_last_refusal"]
 
 
+@pytest.mark.ros
 def test_a_bundle_whose_warm_up_fails_is_refused(line, tmp_path, monkeypatch):
     from sol_control.coprocessor import Coprocessor
 
@@ -219,6 +223,7 @@ def test_a_bundle_whose_warm_up_fails_is_refused(line, tmp_path, monkeypatch):
     assert line.decide(1)["bundle_sha256"] == running
 
 
+@pytest.mark.ros
 def test_setting_the_bundle_already_deciding_swaps_nothing(line):
     current = _qc_bundle_param(line)
     swaps, running = line.h.node.bundle_swaps.swaps["qc"], line.decide(0)["bundle_sha256"]

@@ -1,4 +1,4 @@
-"""Static int8 activations (sol_control.graph.calibrate + int8_activations="static"): calibration
+"""Static int8 activations (sol_control.train.calibrate + int8_activations="static"): calibration
 against numpy, smoothing that leaves the fp32 model as it is, and a static graph that is smaller,
 row-exact, close to fp32 and decodes speculatively exactly as plain greedy."""
 from __future__ import annotations
@@ -10,11 +10,11 @@ import pytest
 from sol_control.decoding import greedy, speculate_heads
 from sol_control.decoding.fused import FusedDecoderSession
 from sol_control.graph import quant
-from sol_control.graph.calibrate import AMAX_STEPS, channel_amax, on_grid, smooth_mlp, static_int8
 from sol_control.graph.from_onnx import all_nodes
 from sol_control.graph.llama import build_decoder
 from sol_control.graph.weights import DraftHeads, LlamaWeights
 from sol_control.lm.reference import rms_norm
+from sol_control.train.calibrate import AMAX_STEPS, channel_amax, on_grid, smooth_mlp, static_int8
 from tests.test_graph import all_logits, tiny_weights
 
 PER_ROW_OPS = ("Abs", "Div")  # two of the five nodes a per-row scale costs an input (ReduceMax: also the probs')

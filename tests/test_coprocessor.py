@@ -13,6 +13,7 @@ from sol_control.config import from_flat
 from sol_control.coprocessor import Coprocessor, eject_time_ns
 from sol_control.telemetry import Conveyor, Frame, InputRejected, LatestSlot, Telemetry, decode_compressed
 from tests.ros_helpers import bundle_params
+from tests.waiting import wait_for
 
 S = 1_000_000_000
 
@@ -47,7 +48,7 @@ def test_latest_slot_wakes_a_waiting_taker():
     got = []
     t = threading.Thread(target=lambda: got.append(slot.take(timeout_s=5.0)))
     t.start()
-    time.sleep(0.05)
+    assert wait_for(lambda: slot._ready._waiters, 5.0)  # the taker waits on the slot's condition
     slot.put("frame")
     t.join(2.0)
     assert got == ["frame"]

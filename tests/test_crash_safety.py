@@ -16,6 +16,8 @@ import mujoco  # noqa: F401  (a runtime pin: missing is a failure, not a skip)
 from sol_control.sim.cell import Cell  # noqa: E402
 from sol_control.sim.config import CellConfig  # noqa: E402
 
+pytestmark = pytest.mark.sim
+
 STEP_S = CellConfig().timestep_s
 
 
@@ -125,6 +127,8 @@ def test_pick_station_holds_while_the_grasp_node_is_gone():
 DOMAIN = 90
 
 
+@pytest.mark.ros
+@pytest.mark.process
 def test_lockstep_chaos_both_nodes_killed_and_respawned(tmp_path, monkeypatch):
     import rclpy  # noqa: F401  (a runtime pin: missing is a failure, not a skip)
     from tests.ros_helpers import bundle_params, set_ros_env

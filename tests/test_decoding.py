@@ -15,7 +15,7 @@ from sol_control.decoding import AdaptiveK, DecoderSession, GuessLength, greedy,
 from sol_control.decoding.adaptive_k import MAX_K
 from sol_control.decoding.sampling import distribution
 
-from .conftest import FIXTURES
+from .conftest import FIXTURES, MODELS
 
 TINY = FIXTURES / "tiny"
 
@@ -416,3 +416,33 @@ def test_worker_threads_spin_within_a_run_only(bundle, threads, spinning):
     assert opts.intra_op_num_threads == threads
     assert opts.get_session_config_entry("session.intra_op.allow_spinning") == spinning
     assert opts.get_session_config_entry("session.force_spinning_stop") == spinning
+
+
+def decoder_members() -> set[str]:
+    """The members of `decoding.Decoder`: its attributes, methods and properties."""
+    from sol_control.decoding import Decoder
+
+    return set(Decoder.__annotations__) | {n for n in vars(Decoder) if not n.startswith("_")}
+
+
+def test_every_session_has_the_whole_decoder_interface(target):
+    """speculate and the planners read a decoder through `decoding.Decoder` only, never probing for
+    a member: each session kind has all of it (DecoderSession: no heads, no `probs`, and says so)."""
+    import inspect
+
+    from sol_control.decoding import native
+    from sol_control.decoding.fused import FusedDecoderSession
+
+    members = decoder_members()
+    assert {"forward", "prefill", "rewind", "row_probs", "accepted", "head_ids", "guesser", "backend_info"} <= members
+    graph = MODELS / "qc" / "target_fused_int8.onnx"
+    sessions = [target, FusedDecoderSession(graph)]
+    if native.library() is not None:
+        sessions.append(native.NativeDecoderSession(graph))
+    for sess in sessions:
+        for m in members:  # a static lookup: a property is found, not run
+            inspect.getattr_static(sess, m)
+    assert target.row_probs is None and target.draft_heads == 0 and not target.can_guess_prefill
+    for m in ("accepted", "next_token", "head_ids"):
+        with pytest.raises(ValueError, match="no draft heads"):
+            getattr(target, m)

@@ -54,8 +54,8 @@ def test_a_deadline_nothing_meets_gets_measured_alternatives_and_the_deadline_it
 def test_a_session_without_backend_info_is_named_by_its_type_and_its_step_not_measured():
     from sol_control.doctor import _backend, _step
 
-    class Plain:  # an engine that does not say what it measured
-        pass
+    class Plain:  # a decoder opened directly, not by open_decoder: it does not say what it measured
+        backend_info = None
 
     assert _backend(Plain()) == (None, "onnxruntime")
     assert _step({"step_ms": None}) == "not measured" and _step({"step_ms": {}}) == "not measured"

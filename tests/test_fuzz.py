@@ -236,7 +236,7 @@ def test_conveyor_conversion(pos, vel):
                        st.text(max_size=8), max_size=17),
        st.sampled_from(["sol_control/qc", "sol_control/grasp", "other"]))
 def test_decision_status_parsing(values, name):
-    """Client-side parser of published decisions: a garbled status is a ValueError (was KeyError: C1)."""
+    """Client-side parser of published decisions: a garbled status is a ValueError, never a KeyError."""
     from diagnostic_msgs.msg import DiagnosticStatus, KeyValue
 
     from sol_control.ros.convert import decision_from_status

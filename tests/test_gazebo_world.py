@@ -64,6 +64,7 @@ def world_root(out: Path) -> ET.Element:
 
 # ---- the parser ---------------------------------------------------------------------------------
 
+@pytest.mark.process
 def test_world_and_every_model_load_without_errors(checker, run):
     out, plan = run
     models = sorted((out / "models").glob("*/model.sdf"))
@@ -82,6 +83,7 @@ def _break(out: Path, tmp_path: Path, old: str, new: str) -> Path:
     return bad
 
 
+@pytest.mark.process
 def test_checker_rejects_broken_worlds(checker, run, tmp_path):
     out, _ = run
     cases = {  # what is broken → (old text, new text, error the checker must print)
@@ -160,8 +162,8 @@ def test_every_bridged_gazebo_topic_is_in_the_world(run):
 
 def node_topics() -> tuple[dict, dict, dict]:
     """(subscriptions, publications, side streams read per task) of the coprocessor node, from its
-    interface tables (sol_control/ros/node.py, ros/outputs.py), as "package/msg/Type" names."""
-    from sol_control.ros.node import SUBSCRIBED
+    interface tables (sol_control/ros/inputs.py, ros/outputs.py), as "package/msg/Type" names."""
+    from sol_control.ros.inputs import SUBSCRIBED
     from sol_control.ros.outputs import OUTPUTS
     from sol_control.ros.side_streams import SIDE_READS
 
@@ -233,6 +235,7 @@ def _project(c: dict, p: np.ndarray) -> np.ndarray:
     return np.c_[c["cx"] - c["fx"] * local[:, 1] / local[:, 0], c["cy"] - c["fy"] * local[:, 2] / local[:, 0]]
 
 
+@pytest.mark.sim
 @pytest.mark.parametrize("station", ["qc", "pick"])
 def test_cameras_match_the_mujoco_cameras(run, station):
     root = world_root(run[0])
@@ -274,6 +277,7 @@ def _as_pinhole(model, cam_name: str, c: dict, standoff_m: float | None = None) 
     model.vis.map.znear, model.vis.map.zfar = near / model.stat.extent, (pos[2] + 1.0) / model.stat.extent
 
 
+@pytest.mark.sim
 def test_mujoco_renders_the_same_images_through_the_sdf_cameras(run):
     """MuJoCo's renderer, given each SDF camera's pose, focal length and clip planes, draws the
     image its own orthographic camera draws (only anti-aliased edges differ); a pinhole at the
@@ -310,6 +314,7 @@ def test_mujoco_renders_the_same_images_through_the_sdf_cameras(run):
 
 # ---- per-run parts and scenes -------------------------------------------------------------------
 
+@pytest.mark.sim
 def test_parts_and_scenes_are_the_mujoco_cells(run):
     """Same seed → the parts the MuJoCo conveyor spawns (time, spec, yaw, padded plate, texture
     bytes) and the scenes its pick station lays out."""
@@ -362,6 +367,7 @@ def test_schedules_follow_the_seed():
     assert pick_scenes(4, 2)[1].objects[0].x_m == pick_scenes(4, 3)[1].objects[0].x_m
 
 
+@pytest.mark.sim
 def test_link_inertials_are_the_mass_properties_mujoco_compiles(run):
     out, _ = run
     for seed in (0, 1, 4):

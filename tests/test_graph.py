@@ -116,6 +116,7 @@ def test_every_shipped_decoder_rebuilds(task, role, tmp_path):
         np.testing.assert_allclose(sess.forward(ids), want, rtol=FP32_RTOL, atol=FP32_ATOL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", ["qc", "grasp"])
 def test_the_shipped_fused_graphs_are_what_the_builder_writes(task, tmp_path):
     """Each shipped fused graph rebuilds byte for byte from the bundle's own files (the Optimum fp32
@@ -123,7 +124,7 @@ def test_the_shipped_fused_graphs_are_what_the_builder_writes(task, tmp_path):
     test runs on): the bundles are current with the builder (after a builder change:
     tools/make_models.py --refresh-graphs)."""
     from sol_control.bundle import sha256_file
-    from sol_control.graph.calibrate import bundle_static_int8
+    from sol_control.train.calibrate import bundle_static_int8
     from sol_control.graph.from_onnx import read_heads
 
     bundle = Bundle.load(MODELS / task)
@@ -311,6 +312,23 @@ def test_each_call_shape_keeps_its_binding_and_reads_the_current_ids(fused, monk
     assert list(sess._main._shapes) == [(5, 5), (2, 2), (3, 3)]  # the three most recently used, oldest first
 
 
+def row_identity(sess, prefixes: list, k: int = 4) -> dict:
+    """Are the logits rows of a T=k+1 pass bit-identical to the same positions decoded one token at a
+    time? Share of identical rows and the largest difference."""
+    same, worst = [], 0.0
+    for prefix in prefixes:
+        sess.reset()
+        toks, singles = [int(sess.prefill(prefix).argmax())], []
+        for _ in range(k):
+            singles.append(sess.forward(np.array(toks[-1:], np.int64))[0].copy())
+            toks.append(int(singles[-1].argmax()))
+        sess.rewind(len(prefix))
+        multi = sess.forward(np.array(toks, np.int64))  # [k+1, V]; rows 0..k-1 are the singles' positions
+        same += [np.array_equal(multi[i], singles[i]) for i in range(k)]
+        worst = max(worst, float(np.abs(multi[:k] - np.stack(singles)).max()))
+    return {"identical": float(np.mean(same)), "max_abs_diff": worst}
+
+
 ROW_EXACT_ON_EVERY_CPU = ("fp32", "int8")  # int4's MatMulNBits rows: on AVX-512, not on AVX2 (fused.py)
 IDENTICAL = {"identical": 1.0, "max_abs_diff": 0.0}
 
@@ -321,7 +339,6 @@ def test_one_token_passes_equal_verify_passes_bit_for_bit(grasp, fused, precisio
     int8 rows are exact on every CPU. A session never claims exact rows that are not (its probe),
     and what it returns is exact either way (exact mode where the kernels differ)."""
     from sol_control.bench.decode_bench import decision_prefixes
-    from sol_control.bench.engine_v2 import row_identity
 
     prefixes = decision_prefixes(grasp, 6)
     raw = row_identity(FusedDecoderSession(fused[precision], min_step_tokens=1), prefixes)

@@ -3,7 +3,6 @@ published, and why. Time comes from a ManualClock: it stands still while ONNX Ru
 moves only by the delays injected inside a planner (fault_injection), so every budget outcome is
 exact and independent of the machine. The planners' outputs are always real, never faked."""
 import math
-import time
 from dataclasses import replace
 
 import numpy as np
@@ -19,6 +18,7 @@ from sol_control.decoding import greedy
 from sol_control.guard import PROBE_EVERY, DeadlineGuard, LatencyModel, fast_budget
 from sol_control.planners import FastPlanner, FullPrecisionPlanner
 from tests.conftest import FIXTURES
+from tests.waiting import wait_for
 
 VOCAB = 48
 QC_LABELS = ("ok", "scratch", "crack", "missing_hole", "discoloration", "deformed")
@@ -209,9 +209,7 @@ def test_shadow_audit_runs_in_background_and_agrees(bundle, clock):
         g.measure_full(PREFIX, budget(clock, None))
         d = g.decide(PREFIX, budget(clock, 5000.0), stamp_ns=1)
         assert d.source == "fast"
-        t0 = time.monotonic()
-        while auditor.audited == 0 and time.monotonic() - t0 < 30:  # a wait for a thread, not a timing
-            time.sleep(0.01)
+        assert wait_for(lambda: auditor.audited, 30.0)  # the audit thread's answer
         assert auditor.audited == 1 and auditor.errors == 0
         fp32 = greedy(g.full.target, PREFIX, 4).tokens
         assert auditor.token_identical == int(list(d.tokens) == fp32)
@@ -303,8 +301,7 @@ class DecisionsKeepStarting:
 def test_the_shadow_audit_runs_only_while_no_decision_is_in_progress(bundle, clock):
     """A decision in progress (the runner's gate) stops the audit's decoding: nothing is counted and
     it starts over later; given up after AUDIT_TRIES starts (skipped). Idle, it audits."""
-    from sol_control.audit import AUDIT_TRIES
-    from sol_control.runner import DecidingGate
+    from sol_control.audit import AUDIT_TRIES, DecidingGate
 
     cfg = Cfg(**{"qc.min_confidence": 0.0, "deadline.qc_ms": 5000.0, "decoding.fast_precision": "int8"})
     tok = ActionTokenizer("qc", _fields("qc"))
@@ -328,9 +325,7 @@ def test_the_shadow_audit_runs_only_while_no_decision_is_in_progress(bundle, clo
         gate.enter()
         auditor.submit(PREFIX, d)
         gate.leave()
-        t0 = time.monotonic()
-        while auditor.audited == 1 and time.monotonic() - t0 < 30:  # a wait for a thread, not a timing
-            time.sleep(0.01)
+        assert wait_for(lambda: auditor.audited > 1, 30.0)  # the audit thread's answer
         assert auditor.audited == 2 and auditor.errors == 0
     finally:
         auditor.close()

@@ -4,6 +4,8 @@ import pytest
 
 from tests.ros_helpers import set_ros_env, wait_for
 
+pytestmark = pytest.mark.ros
+
 DOMAIN = 25
 
 

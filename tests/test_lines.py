@@ -13,6 +13,8 @@ import rclpy  # noqa: F401  (a runtime pin: missing is a failure, not a skip)
 
 from tests.ros_helpers import bundle_params, ros_env, set_ros_env  # noqa: E402
 
+pytestmark = [pytest.mark.ros, pytest.mark.sim, pytest.mark.process]
+
 RECORD_DOMAIN, LINES_DOMAIN = 96, 97
 
 

@@ -143,7 +143,7 @@ def test_int4_prefills_through_the_int8_graph_when_the_bundle_has_it(tiny, tmp_p
     refused."""
     monkeypatch.setenv("SOL_CONTROL_BACKEND", "onnxruntime")  # "auto" would measure where the prefill runs
     from sol_control.decoding import greedy, open_decoder
-    from sol_control.decoding.session import default_prefill
+    from sol_control.decoding.factory import default_prefill
 
     path, only_int4, _ = tiny
     bundle = tmp_path / "both"
@@ -175,7 +175,7 @@ def test_auto_precision_is_the_cpus_fastest_quantized_graph(tiny, tmp_path):
     integer GEMM is fast (VNNI, or not x86), else int4; among the bundle's fused graphs only (an
     int4-only import gets int4 everywhere; an fp32-only one fp32); generate decodes with the chosen
     graph and reports it."""
-    from sol_control.decoding.session import fast_precision
+    from sol_control.decoding.factory import fast_precision
 
     path, only_int4, _ = tiny
     both, fp32_only = tmp_path / "both", tmp_path / "fp32"

@@ -252,6 +252,7 @@ def test_model_cache_refuses_missing_and_wrong_files(tmp_path):
         smollm2_gguf(tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tied", [True, False])
 def test_reference_matches_transformers_on_the_same_gguf(tiny, tied):
     torch = pytest.importorskip("torch")

@@ -17,9 +17,9 @@ from sol_control.decoding import greedy, open_decoder, speculate_heads
 from sol_control.decoding import native
 from sol_control.decoding.fused import FusedDecoderSession
 from sol_control.decoding.native import NativeDecoderSession, NativeUnsupported
-from sol_control.graph.calibrate import static_int8
 from sol_control.graph.llama import build_decoder
 from sol_control.native import build
+from sol_control.train.calibrate import static_int8
 from tests.test_graph import tiny_heads, tiny_weights
 
 MODELS = Path(__file__).resolve().parents[1] / "models"

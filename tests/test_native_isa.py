@@ -198,6 +198,7 @@ def neon_driver(tmp_path_factory) -> Path:
     return driver
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("which", GRAPHS)
 def test_neon_under_qemu_equals_generic_c_here(which, neon_driver, tiny_static, lm, tmp_path):
     """The aarch64 build's generic and NEON (dotprod) kernels, on the same packed weights and calls,

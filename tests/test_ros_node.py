@@ -68,6 +68,8 @@ def set_params(h, **flat) -> list:
 
 
 # -- decisions ------------------------------------------------------------------------------------
+@pytest.mark.ros
+@pytest.mark.process
 def test_images_from_another_process_produce_verdicts(h):
     before = h.count("qc")
     r = run_publisher(DOMAIN_QC, "--count", "6", "--rate-hz", "10", "--task", "qc")
@@ -81,11 +83,13 @@ def test_images_from_another_process_produce_verdicts(h):
         assert m.hardware_id == "qc_camera"
 
 
+@pytest.mark.ros
 def test_fast_path_decides_in_normal_operation(h):
     sources = [decide_one(h, i)["source"] for i in range(3)]
     assert "fast" in sources, sources
 
 
+@pytest.mark.ros
 def test_slow_fast_path_falls_back_to_full_precision(h):
     assert all(r.successful for r in set_params(h, deadline__qc_ms=600.0, deadline__fast_share=0.5,
                                                 fault_injection__fast_delay_ms=400.0))
@@ -97,6 +101,7 @@ def test_slow_fast_path_falls_back_to_full_precision(h):
         set_params(h, deadline__qc_ms=300.0, deadline__fast_share=1.0, fault_injection__fast_delay_ms=0.0)
 
 
+@pytest.mark.ros
 def test_impossible_deadline_gives_safe_default(h):
     assert set_params(h, deadline__qc_ms=0.01)[0].successful
     try:
@@ -108,6 +113,7 @@ def test_impossible_deadline_gives_safe_default(h):
     assert decide_one(h, 3)["source"] != "safe_default"  # with its deadline back, the node decides again
 
 
+@pytest.mark.ros
 def test_stalled_planner_is_answered_by_the_watchdog_at_the_deadline(h):
     assert all(r.successful for r in set_params(h, deadline__qc_ms=150.0, fault_injection__fast_delay_ms=1500.0))
     try:
@@ -117,26 +123,27 @@ def test_stalled_planner_is_answered_by_the_watchdog_at_the_deadline(h):
         publish_good(h, 2, stamp)
         assert wait_for(lambda: any(kv(m)["stamp"] == str(stamp) for m in h.messages("qc")[before:]), 5.0)
         v = next(kv(m) for m in h.messages("qc")[before:] if kv(m)["stamp"] == str(stamp))
+        # the watchdog answers only a step still running at its deadline: answered before the planner returned
         assert v["source"] == "safe_default" and v["reason"] == "watchdog", v
-        assert float(v["latency_ms"]) < 1500.0  # answered long before the stalled planner returned
         assert wait_for(lambda: watchdog.discarded > discarded, 5.0)  # it returned; its answer was dropped
-        time.sleep(0.1)
-        assert sum(kv(m)["stamp"] == str(stamp) for m in h.messages("qc")[before:]) == 1
     finally:
         set_params(h, deadline__qc_ms=300.0, fault_injection__fast_delay_ms=0.0)
-    decide_one(h, 3)
+    decide_one(h, 3)  # one verdict topic keeps its order: a late answer would have arrived before this one
+    assert sum(kv(m)["stamp"] == str(stamp) for m in h.messages("qc")[before:]) == 1
 
 
+@pytest.mark.ros
 def test_stale_frame_is_not_decided_and_counted(h):
     before_stale = h.node.stats.rejected_count("stale")
     before = h.count("qc")
-    publish_good(h, 0, now_ns(h.client) - 5_000_000_000)  # 5 s old, max_staleness 1 s
+    stale = now_ns(h.client) - 5_000_000_000  # 5 s old, max_staleness 1 s
+    publish_good(h, 0, stale)
     assert wait_for(lambda: h.node.stats.rejected_count("stale") > before_stale, 5.0)
-    time.sleep(0.2)
-    assert h.count("qc") == before
-    decide_one(h, 4)
+    decide_one(h, 4)  # the next frame's verdict: an answer to the stale one would have come first
+    assert [kv(m)["stamp"] for m in h.messages("qc")[before:]].count(str(stale)) == 0
 
 
+@pytest.mark.ros
 def test_eject_time_from_conveyor(h):
     from sensor_msgs.msg import JointState
 
@@ -145,12 +152,13 @@ def test_eject_time_from_conveyor(h):
     belt = JointState(name=["belt"], position=[1.0], velocity=[0.25])
     belt.header.stamp = stamp_to_ros(now_ns(h.client))
     h.pub_conveyor.publish(belt)
-    assert wait_for(lambda: h.node.side_streams.latest("conveyor/joint_states") is not None, 5.0)
+    assert wait_for(lambda: h.node.inputs.side_streams.latest("conveyor/joint_states") is not None, 5.0)
     v = decide_one(h, 5)
     # part under the camera at the image stamp reaches the ejector 0.5 m / 0.25 m/s = 2 s later
     assert int(v["eject_time"]) - int(v["stamp"]) == pytest.approx(2_000_000_000, abs=2_000_000)
 
 
+@pytest.mark.ros
 def test_compressed_images_are_decided(h):
     from sol_control.ros.convert import compressed_to_ros
 
@@ -203,6 +211,7 @@ CORPUS = [  # case, reason counted
 ]
 
 
+@pytest.mark.ros
 @pytest.mark.parametrize("case,reason", CORPUS, ids=[c for c, _ in CORPUS])
 def test_bad_input_is_counted_and_next_good_frame_decided(h, case, reason):
     from geometry_msgs.msg import WrenchStamped
@@ -227,6 +236,7 @@ def test_bad_input_is_counted_and_next_good_frame_decided(h, case, reason):
     assert v["source"] in ("fast", "full_precision", "safe_default")
 
 
+@pytest.mark.ros
 def test_sensor_timeout_publishes_safe_defaults_and_recovers(h):
     decide_one(h, 0)
     assert set_params(h, deadline__sensor_timeout_ms=300.0)[0].successful
@@ -244,6 +254,7 @@ def test_sensor_timeout_publishes_safe_defaults_and_recovers(h):
 
 
 # -- parameters and diagnostics -------------------------------------------------------------------
+@pytest.mark.ros
 def test_bad_runtime_parameter_is_refused_with_reason_over_ros(h):
     from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue
     from rcl_interfaces.srv import SetParameters
@@ -264,15 +275,15 @@ def test_bad_runtime_parameter_is_refused_with_reason_over_ros(h):
     h.client.destroy_client(cli)
 
 
+@pytest.mark.ros
 def test_diagnostics_report_latency_rejections_and_deadline_misses(h):
     decide_one(h, 0)
     stale = h.node.stats.rejected_count("stale")
     publish_good(h, 1, now_ns(h.client) - 5_000_000_000)  # 5 s old: rejected and counted
     assert wait_for(lambda: h.node.stats.rejected_count("stale") > stale, 5.0)
-    time.sleep(1.5)  # > output_deadline_ms of silence: the node's offered deadline is missed
-    msgs = h.messages("diagnostics")
-    assert msgs
-    last = msgs[-1]
+    # the first report that counts it (the node's silence since then misses its offered deadline)
+    assert wait_for(lambda: h.messages("diagnostics") and int(node_status(h).get("rejected.stale", 0)) > stale, 5.0)
+    last = h.messages("diagnostics")[-1]
     by_name = {s.name: kv(s) for s in last.status}
     qc = by_name["sol_control: qc"]
     assert float(qc["latency_p50_ms"]) > 0 and int(qc["decisions"]) > 0 and 0 <= float(qc["deadline_hit_rate"]) <= 1
@@ -286,9 +297,10 @@ def test_diagnostics_report_latency_rejections_and_deadline_misses(h):
     assert wait_for(lambda: int(node_status(h)["gc.gen2.collections"])
                     > gc_before, 3.0)
     assert all(f"gc.gen{g}.pause_max_ms" in node for g in (0, 1, 2))
-    assert wait_for(lambda: h.node.stats.offered_deadline_missed > 0, 3.0)
+    assert wait_for(lambda: h.node.stats.offered_deadline_missed > 0, 5.0)
 
 
+@pytest.mark.ros
 def test_under_sim_time_a_frame_before_the_first_clock_is_decided():
     """A node respawned under sim time may get its first frame before the first /clock: its clock
     then reads 0, and the frame (stamped seconds into the simulation) is not "from the future"."""
@@ -306,6 +318,7 @@ def test_under_sim_time_a_frame_before_the_first_clock_is_decided():
 
 
 # -- grasp ----------------------------------------------------------------------------------------
+@pytest.mark.ros
 def test_grasp_decisions_with_joints():
     from sensor_msgs.msg import JointState
 
@@ -315,15 +328,17 @@ def test_grasp_decisions_with_joints():
     g = Harness(DOMAIN_GRASP, {**(BUNDLES or {}), **BASE, "mode": "grasp", "audit_rate": 1.0})
     try:
         assert g.wait_connected()
+        side = g.node.inputs.side_streams
         for i in range(4):
             s = make_sample("test", i)
             j = JointState(name=[f"joint{k + 1}" for k in range(6)], position=[float(x) for x in s.joints_rad])
-            j.header.stamp = stamp_to_ros(now_ns(g.client))
+            j.header.stamp = stamp_to_ros(joints_ns := now_ns(g.client))
             g.pub_joints.publish(j)
-            time.sleep(0.05)
+            assert wait_for(lambda: getattr(side.latest("joint_states"), "stamp_ns", 0) == joints_ns, 5.0)
+            before = g.count("grasp")
             g.pub_image.publish(image_to_ros(s.image, now_ns(g.client), "grasp_camera"))
-            time.sleep(0.3)
-        assert wait_for(lambda: g.count("grasp") >= 3, 10.0), dict(g.node.stats.rejected)
+            wait_for(lambda: g.count("grasp") > before, 5.0)
+        assert g.count("grasp") >= 3, dict(g.node.stats.rejected)
         decisions = [kv(m) for m in g.messages("grasp")]
         grasps = [d for d in decisions if d["hold"] == "false"]
         assert grasps, decisions
@@ -364,6 +379,7 @@ def _state(client) -> str:
     return fut.result().current_state.label
 
 
+@pytest.mark.ros
 def test_lifecycle_transitions_over_ros():
     from diagnostic_msgs.msg import DiagnosticStatus
     from lifecycle_msgs.msg import Transition
@@ -394,15 +410,16 @@ def test_lifecycle_transitions_over_ros():
         assert offered.liveliness == LivelinessPolicy.AUTOMATIC
         assert offered.liveliness_lease_duration.nanoseconds == 500_000_000   # qos.liveliness_lease_ms
         assert wait_for(lambda: lc.pub_image.get_subscription_count() > 0, 5.0)
-        time.sleep(0.3)
-        lc.pub_image.publish(image_to_ros(qc_image(0), now_ns(c), "qc_camera"))
-        assert wait_for(lambda: lc.count("qc") >= 1, 10.0)
+        # a frame every 0.1 s until one is decided (the node's side of the match settles)
+        assert wait_for(lambda: lc.pub_image.publish(image_to_ros(qc_image(0), now_ns(c), "qc_camera"))
+                        or lc.count("qc") >= 1, 10.0, period_s=0.1)
         assert _change(c, Transition.TRANSITION_DEACTIVATE) and _state(c) == "inactive"
         assert wait_for(lambda: changes == [True, False], 10.0), changes  # deactivated: gone at once
-        n = lc.count("qc")
+        n, slot = lc.count("qc"), lc.node.runners["qc"].frames
+        puts = slot.puts
         lc.pub_image.publish(image_to_ros(qc_image(1), now_ns(c), "qc_camera"))
-        time.sleep(0.5)
-        assert lc.count("qc") == n  # inactive: nothing decided or published
+        assert wait_for(lambda: slot.puts > puts, 5.0)  # taken and offered to the stopped runner
+        assert lc.count("qc") == n and slot.peek() is not None  # inactive: nothing decided or published
         assert _change(c, Transition.TRANSITION_CLEANUP) and _state(c) == "unconfigured"
         assert lc.node.cop is None
         assert _change(c, Transition.TRANSITION_UNCONFIGURED_SHUTDOWN) and _state(c) == "finalized"
@@ -435,6 +452,7 @@ def _udp_sockets_of_this_process() -> list[tuple[str, int]]:
     return out
 
 
+@pytest.mark.ros
 def test_fastdds_profile_loaded_and_rtps_ports_on_loopback_only(h):
     import os
 
@@ -550,6 +568,8 @@ def test_random_image_messages_never_raise_anything_but_a_rejection():
 
 
 # -- the executable itself ------------------------------------------------------------------------
+@pytest.mark.ros
+@pytest.mark.process
 def test_entry_point_process_with_params_file_decides_and_exits_cleanly(tmp_path):
     """`ros2 run sol_control coprocessor --ros-args --params-file config/sol_control.yaml` as a
     separate process: the shipped params file loads with ROS types, the node autostarts, decides a

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import pytest
 
+from sol_control.audit import DecidingGate
 from sol_control.budget import ManualClock
 from sol_control.config import from_flat
 from sol_control.coprocessor import Coprocessor
 from sol_control.decision import Failure
-from sol_control.runner import CountingHooks, DecidingGate, TaskRunner, Watchdog
+from sol_control.runner import CountingHooks, TaskRunner, Watchdog
 from sol_control.tasks.qc import make_sample
 from sol_control.telemetry import Frame, Telemetry
 from tests.conftest import bundle_dir

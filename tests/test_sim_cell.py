@@ -9,6 +9,7 @@ import hashlib
 import math
 
 import numpy as np
+import pytest
 
 import mujoco  # noqa: F401  (a runtime pin: missing is a failure, not a skip)
 
@@ -16,6 +17,8 @@ from sol_control.sim import oracle  # noqa: E402
 from sol_control.sim.cell import Cell  # noqa: E402
 from sol_control.sim.config import CellConfig  # noqa: E402
 from sol_control.tasks.common import BELT_RGB, GRASP_IMAGE_PX, QC_IMAGE_PX, TABLE_RGB  # noqa: E402
+
+pytestmark = pytest.mark.sim
 
 
 def _run_oracle(seed: int, duration_s: float, **cfg):

@@ -16,6 +16,8 @@ import rclpy  # noqa: F401  (a runtime pin: missing is a failure, not a skip)
 from tests.ros_helpers import REPO, bundle_params, set_ros_env  # noqa: E402
 
 
+@pytest.mark.ros
+@pytest.mark.sim
 def test_bridge_lockstep_over_ros_with_oracle_controller(tmp_path):
     set_ros_env(40)
     os.environ.setdefault("MUJOCO_GL", "egl")
@@ -76,6 +78,9 @@ def test_bridge_lockstep_over_ros_with_oracle_controller(tmp_path):
     assert belt.velocity[0] == pytest.approx(0.2) and belt.position[0] == pytest.approx(0.2 * t_s)
 
 
+@pytest.mark.ros
+@pytest.mark.sim
+@pytest.mark.process  # the coprocessor nodes run as processes
 def test_closed_loop_with_coprocessor_lockstep_is_reproducible(tmp_path, monkeypatch):
     set_ros_env(41)
     monkeypatch.setenv("ROS_DOMAIN_ID", "41")        # closed_loop gives the nodes and itself this domain
@@ -130,6 +135,7 @@ def test_gz_bridge_yaml_gives_the_node_what_cell_sim_publishes():
         assert e["gz_type_name"].startswith("gz.msgs.")
 
 
+@pytest.mark.ros
 def test_cell_sim_parameters_go_through_the_typed_config():
     """cell_sim declares every BridgeConfig field as a described, ranged ROS parameter (the node's
     machinery); overrides arrive typed; a bad value is refused naming the field and the value."""

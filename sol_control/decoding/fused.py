@@ -31,14 +31,13 @@ one): `prefill` runs through it, on the same KV buffers (both graphs bind [1, kv
 `forward` (decoding steps, verify passes) through the main graph. Where the CPU multiplies int8
 with VNNI, ONNX Runtime's 4-bit kernel is the slow one on many rows (SmolLM2: a 64-token prefill
 241 ms through the int4 graph, 130 ms through the int8 one; without VNNI 230 vs 327 ms, so
-`session.default_prefill` picks int8 only with it; docs/BENCHMARKS.md). Plain and speculative decoding prefill alike, so speculative still
+`factory.default_prefill` picks int8 only with it; docs/BENCHMARKS.md). Plain and speculative decoding prefill alike, so speculative still
 equals plain greedy. In exact mode the last prefix token goes through the main graph (paired with
 the one before it): plain decoding's first step runs it again there, and a verify pass does not,
 so with the prefill graph's numbers in its cache row the two would part (SmolLM2 int4 on an AVX2
-host: 13 of 20 workload answers, 2026-12-04).
+host: 13 of 20 workload answers).
 
-Same public interface as `DecoderSession` (forward, prefill, rewind, reset, length, tokens, ...),
-so `greedy` and `speculate` run on either.
+A `decoder.Decoder`, as `DecoderSession` is, so `greedy` and `speculate` run on either.
 """
 from __future__ import annotations
 
@@ -113,6 +112,8 @@ def graph_traits(sess: ort.InferenceSession, where: str) -> tuple[int, int, int,
 
 class FusedDecoderSession:
     """A causal decoder in the fused layout with a KV cache of `max_context` positions (batch 1)."""
+
+    backend_info: dict | None = None  # set by factory.open_decoder
 
     def __init__(self, path: str | Path, max_context: int | None = None, threads: int = 1, name: str = "",
                  max_step_tokens: int = 512, min_step_tokens: int | None = None, max_rows: int = 64,

@@ -44,7 +44,6 @@ from pathlib import Path
 
 import numpy as np
 
-from ..graph.llama import ROW_LEVELS
 from ..native import isa
 from ..native.build import LIBRARY_NAME
 from .fused import FusedDecoderSession
@@ -54,6 +53,7 @@ BACKENDS = ("auto", "native", "onnxruntime")
 GOMP_SPINCOUNT = 10_000
 NATIVE_PRECISIONS = ("int8", "int4")  # the graphs "auto" offers the native pass (an fp32 file is not even read)
 MAX_LAYERS, MAX_HEADS = 64, 16  # as in fused_pass.c
+ZERO_POINT = 64  # as in pass.h: the int8 activations' zero point the C kernels subtract
 # max |native - ORT| / max |ORT| over the probes' logits above this: the graph is not what we compute.
 # Measured: 0 on the shipped grasp and QC graphs; SmolLM2-135M int4 ~0.03 (random-id probes, where
 # 30 layers of int8 activation rounding add up); a misread weight gives ~1.
@@ -252,6 +252,10 @@ class _Builder:
 
     def __init__(self, path, nodes, inits, n_draft):
         self.path, self.inits, self.n_draft, self.arrays = path, inits, n_draft, []
+        zero_point = int(self.get("rowq.zero_point").reshape(-1)[0])  # the graph's, read by every integer linear
+        if zero_point != ZERO_POINT:
+            raise NativeUnsupported(f"{path}: int8 activations at zero point {zero_point}; the C pass "
+                                    f"subtracts {ZERO_POINT}")
         self.gqa = next(n for n in nodes if n.op_type == "GroupQueryAttention")
         self.eps = next(a.f for n in nodes if n.op_type == "SimplifiedLayerNormalization" for a in n.attribute
                         if a.name == "epsilon")
@@ -280,7 +284,7 @@ class _Builder:
         static = kind == LIN_STATIC
         a_scale = (self.get(amax) if amax else self.get(f"{x}.static_amax")) if static else np.float32(1)
         scale = (a_scale.astype(np.float32) * self.get(scales or f"{key}.channel_scales")).astype(np.float32)
-        zp = (ROW_LEVELS * w.astype(np.int32).sum(axis=0)).astype(np.int32)  # the activations' zero point
+        zp = (ZERO_POINT * w.astype(np.int32).sum(axis=0)).astype(np.int32)  # the activations' zero point
         step = float(self.get(f"{x}.static_step").reshape(())) if static else 0.0
         return _Linear(self.keep(packed, np.int8), self.keep(zp, np.int32), self.keep(scale.reshape(n), np.float32),
                        step, k, n, kind)

@@ -1,4 +1,4 @@
-"""Plain and speculative decoding over DecoderSessions.
+"""Plain and speculative decoding over decoders (`decoder.Decoder`).
 
 Both caches obey one invariant: the committed sequence is `seq` (prefix + out), the target cache
 holds seq[:-1] and `seq[-1]` (the newest token, "cur") is fed with the next verification. The draft
@@ -15,7 +15,7 @@ import numpy as np
 from ..budget import Budget
 from .adaptive_k import MAX_K, AdaptiveK, GuessLength
 from .sampling import argmax_probs, distribution, draw, token_prob
-from .session import DecoderSession
+from .decoder import Decoder
 
 
 @dataclass
@@ -63,7 +63,7 @@ def _ms_since(t0_ns: int) -> float:
     return (time.monotonic_ns() - t0_ns) / 1e6
 
 
-def _check_request(sess: DecoderSession, prefix, max_new_tokens: int) -> np.ndarray:
+def _check_request(sess: Decoder, prefix, max_new_tokens: int) -> np.ndarray:
     prefix = np.asarray(prefix, dtype=np.int64).reshape(-1)
     if len(prefix) == 0:
         raise ValueError("prefix must hold at least one token")
@@ -128,20 +128,20 @@ class Rule:
         return len(proposal), self.pick(t_logits[len(proposal)])
 
 
-def greedy(target: DecoderSession, prefix, max_new_tokens: int, budget: Budget | None = None,
+def greedy(target: Decoder, prefix, max_new_tokens: int, budget: Budget | None = None,
            stop_ids: tuple[int, ...] = ()) -> DecodeResult:
     """Plain greedy decoding with the target alone: the reference every fast path must match.
     Generation ends after a token in `stop_ids` (kept) or `max_new_tokens`."""
     return _plain(target, prefix, max_new_tokens, budget, Rule(), stop_ids)
 
 
-def sample(target: DecoderSession, prefix, max_new_tokens: int, budget: Budget | None = None,
+def sample(target: Decoder, prefix, max_new_tokens: int, budget: Budget | None = None,
            temperature: float = 1.0, top_p: float = 1.0, rng: np.random.Generator | None = None) -> DecodeResult:
     """Plain ancestral sampling with the target alone."""
     return _plain(target, prefix, max_new_tokens, budget, Rule(temperature, top_p, rng or np.random.default_rng()))
 
 
-def _prefill(target: DecoderSession, prefix: np.ndarray, rule: Rule, stats: DecodeStats, t0: int):
+def _prefill(target: Decoder, prefix: np.ndarray, rule: Rule, stats: DecodeStats, t0: int):
     logits = target.prefill(prefix)
     stats.target_passes += 1
     stats.prefill_ms = stats.ttft_ms = _ms_since(t0)
@@ -149,20 +149,20 @@ def _prefill(target: DecoderSession, prefix: np.ndarray, rule: Rule, stats: Deco
     return [first], [_last_prob(target, rule, logits, first)]
 
 
-def _last_prob(target, rule: Rule, logits: np.ndarray, token: int) -> float:
+def _last_prob(target: Decoder, rule: Rule, logits: np.ndarray, token: int) -> float:
     """The probability of `token`, picked from the last call's last row (`logits`): the graph's own
     `probs` where it has them and the token is greedy, else a softmax here."""
-    probs = None if rule.sampling else getattr(target, "row_probs", None)
+    probs = None if rule.sampling else target.row_probs
     return float(probs[-1]) if probs is not None else token_prob(logits, token)
 
 
-def _greedy_probs(target, t_logits: np.ndarray, n: int) -> list[float]:
+def _greedy_probs(target: Decoder, t_logits: np.ndarray, n: int) -> list[float]:
     """The probabilities of the first n rows' argmaxes: from the graph where it has them (`probs`)."""
-    probs = getattr(target, "row_probs", None)
+    probs = target.row_probs
     return probs[:n].tolist() if probs is not None else argmax_probs(t_logits[:n])
 
 
-def _plain(target, prefix, max_new_tokens, budget, rule: Rule, stop_ids: tuple[int, ...] = ()) -> DecodeResult:
+def _plain(target: Decoder, prefix, max_new_tokens, budget, rule: Rule, stop_ids: tuple[int, ...] = ()) -> DecodeResult:
     t0 = time.monotonic_ns()
     budget = budget or Budget.unlimited()
     prefix = _check_request(target, prefix, max_new_tokens)
@@ -194,7 +194,7 @@ def _finish(tokens, probs, max_new_tokens, stats, t0, stop_ids: tuple[int, ...] 
     return DecodeResult(tokens, probs, len(tokens) == max_new_tokens, stats)
 
 
-def _propose(draft: DecoderSession, seq: list[int], k: int, rule: Rule, stats: DecodeStats):
+def _propose(draft: Decoder, seq: list[int], k: int, rule: Rule, stats: DecodeStats):
     """k draft tokens after `seq` (the draft first catches up on what it has not seen, reusing its
     cache), with the draft's distributions q for rejection sampling."""
     proposal, q = [], []
@@ -211,7 +211,7 @@ def _propose(draft: DecoderSession, seq: list[int], k: int, rule: Rule, stats: D
     return proposal, q
 
 
-def speculate(draft: DecoderSession, target: DecoderSession, prefix, max_new_tokens: int,
+def speculate(draft: Decoder, target: Decoder, prefix, max_new_tokens: int,
               budget: Budget | None = None, k: int | None = None, temperature: float = 0.0,
               top_p: float = 1.0, rng: np.random.Generator | None = None, relax_delta: int = 0,
               relax_range: tuple[int, int] | None = None, controller: AdaptiveK | None = None,
@@ -274,7 +274,7 @@ def lookup_match(seq: np.ndarray, k: int, n_max: int = 3, n_min: int = 2) -> tup
     return [], 0
 
 
-def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None = None,
+def speculate_heads(target: Decoder, prefix, max_new_tokens: int, budget: Budget | None = None,
                     stop_ids: tuple[int, ...] = (), lookup: int = 0,
                     length: GuessLength | None = None, prefill_guesses: bool = True) -> DecodeResult:
     """Self-speculative greedy decoding with the target's own draft heads (a fused graph built with
@@ -291,7 +291,7 @@ def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None =
     `lookup` > 0: where the text so far repeats itself (`lookup_match`: its last 2-3 tokens seen
     before), up to `lookup` tokens that followed them there are the guesses instead of the heads'
     (an agent loop copying ids and keys from its tool results); the graph verifies either alike.
-    A target without draft heads (any DecoderSession) decodes with lookup's guesses alone (prompt
+    A target without draft heads (draft_heads = 0) decodes with lookup's guesses alone (prompt
     lookup decoding), checked here against its rows' argmaxes, and a plain step where none match.
 
     `length` (a GuessLength, kept across answers) checks only as many guesses as pay for their
@@ -332,7 +332,7 @@ def speculate_heads(target, prefix, max_new_tokens: int, budget: Budget | None =
     return _finish(out, probs, max_new_tokens, stats, t0, stop_ids)
 
 
-def _first_tokens(target, prefix, max_new_tokens: int, budget: Budget, prefill_guesses: bool,
+def _first_tokens(target: Decoder, prefix, max_new_tokens: int, budget: Budget, prefill_guesses: bool,
                   stats: DecodeStats, t0: int, stop_ids: tuple[int, ...]) -> tuple[list[int], list[float]]:
     """speculate_heads's prefill: with the answer guesser's guesses checked in it where the target
     can (and time is left), else the plain prefill's one token."""
@@ -343,7 +343,7 @@ def _first_tokens(target, prefix, max_new_tokens: int, budget: Budget, prefill_g
     return _prefill(target, prefix, Rule(), stats, t0)
 
 
-def _heads_on(target, lookup: int) -> bool:
+def _heads_on(target: Decoder, lookup: int) -> bool:
     """Does `target` have draft heads (then switched on for the calls to come)? ValueError when it
     has none and there is no prompt lookup either."""
     heads = target.draft_heads > 0
@@ -353,7 +353,7 @@ def _heads_on(target, lookup: int) -> bool:
     return heads
 
 
-def _checked(target, guesses: list[int], t_logits: np.ndarray, stats: DecodeStats,
+def _checked(target: Decoder, guesses: list[int], t_logits: np.ndarray, stats: DecodeStats,
              stop_ids: tuple[int, ...]) -> tuple[int, list[int]]:
     """(accepted n, emitted tokens) of a pass that checked `guesses` (logits [len + 1, V]): the
     accepted guesses and the target's own next token, cut after a stop id; counted in `stats`."""
@@ -378,7 +378,7 @@ def _lookup_or(heads: list[int], seq: np.ndarray, lookup: int, length: GuessLeng
     return heads, "heads"
 
 
-def _prefill_guessed(target, prefix: np.ndarray, guesses: list[int], stats: DecodeStats, t0: int,
+def _prefill_guessed(target: Decoder, prefix: np.ndarray, guesses: list[int], stats: DecodeStats, t0: int,
                      stop_ids: tuple[int, ...]):
     """The prefill with the guesser's guesses after the prefix, checked like a verify pass: the
     accepted guesses and the target's own next token, as plain greedy would emit them."""

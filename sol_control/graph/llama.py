@@ -95,9 +95,9 @@ Precisions ("fp32", "int4", "int8"): the quantized ones put every linear into `M
   where MatMulNBits costs ~8x; on AVX2 a 9-row SmolLM2 verify is ~2.3x), and rows never depend on
   each other, so verify passes equal one-token
   passes bit for bit. `int8_activations` "static" quantizes each linear's input on one calibrated
-  |max| instead (`graph.calibrate`, stored in `LlamaWeights.activation_amax`): one QuantizeLinear
+  |max| instead (`train.calibrate`, stored in `LlamaWeights.activation_amax`): one QuantizeLinear
   an input instead of five nodes (grasp int8 + heads: 165 -> 105 nodes, 15-19 % less a decision
-  on AVX-512), rows still independent. "nbits" = MatMulNBits 8-bit symmetric blocks, as before, also taken when
+  on AVX-512), rows still independent. "nbits" = MatMulNBits 8-bit symmetric blocks, also taken when
   `accuracy_level` < 4 asks for fp32 activations. An 8-bit lm_head follows the same rule (int4
   graphs too).
 A tied lm_head (= embed_tokens) is quantized like any other head; the embedding lookup then reads
@@ -288,7 +288,7 @@ def _row_quant(g: _Writer, x: str, mode: str) -> tuple[str, str]:
     - "rows": each row's own |max| [1, T, 1], so a row's numbers never depend on the other rows of
       the call: a one-token pass equals that token's row in a verify pass bit for bit.
     - "static": one calibrated |max| for the input (`LlamaWeights.activation_amax`, made by
-      `graph.calibrate`), a constant; beyond it a value saturates. Rows stay independent, and the
+      `train.calibrate`), a constant; beyond it a value saturates. Rows stay independent, and the
       four nodes a "rows" input costs (Abs, ReduceMax, Max, Div) and the Mul after each GEMM go:
       one QuantizeLinear per input. For models whose activations keep one range (our policies).
     - "dual": uint8 [1, 2T, k], the rows, then what they left (x / |max| - the rows' values, in

@@ -138,7 +138,7 @@ class LlamaWeights:
     tensors: dict[str, np.ndarray]  # HF names -> float32 arrays (see the module docstring)
     int4: dict[str, Int4Blocks] = field(default_factory=dict)  # optional pre-quantized linears, HF names
     heads: DraftHeads | None = None  # optional draft heads, written into the graph as `head_ids`
-    activation_amax: dict[str, float] = field(default_factory=dict)  # graph tensor -> |max| (graph.calibrate)
+    activation_amax: dict[str, float] = field(default_factory=dict)  # graph tensor -> |max| (train.calibrate)
 
     def linear(self, name: str) -> np.ndarray:
         """A linear weight [out, in] in float32, dequantized when only its int4 blocks are held."""

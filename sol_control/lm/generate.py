@@ -95,7 +95,7 @@ def speculative(target, draft, prefix: np.ndarray, max_new_tokens: int, stop_ids
     return Generation(tokens, s.ttft_ms, s.wall_ms - s.ttft_ms, s.mean_accepted, tokens[-1] in stop_ids, mode)
 
 
-AUTO = "auto"  # --precision: the fastest quantized graph for this CPU (decoding.session.fast_precision)
+AUTO = "auto"  # --precision: the fastest quantized graph for this CPU (decoding.factory.fast_precision)
 
 
 def generate(bundle: Bundle, prefix: list[int], max_new_tokens: int, precision: str | None = None,
@@ -107,7 +107,7 @@ def generate(bundle: Bundle, prefix: list[int], max_new_tokens: int, precision: 
     this CPU. The prompt is prefilled through `prefill_precision`'s graph (default: `default_prefill`'s,
     int8 for an int4 target where that prefills faster on this CPU). `backend`: open_decoder's."""
     from sol_control.decoding import open_decoder
-    from sol_control.decoding.session import default_prefill, fast_precision, reference_precision
+    from sol_control.decoding.factory import default_prefill, fast_precision, reference_precision
 
     m = bundle.manifest
     precision = fast_precision(bundle) if precision == AUTO else precision or reference_precision(m.target)

@@ -1,7 +1,7 @@
 """`ros2 run sol_control coprocessor`: the lifecycle node `sol_control`.
 
     image thread:    camera message ─► validate + convert ─► + newest side-stream samples
-                     ─► each task runner's slot (depth 1)   (ros.image_pump: its own wait set)
+                     ─► each task runner's slot (depth 1)   (ros.inputs, ros.image_pump)
     executor thread: services, parameters, timers (diagnostics, side-stream poll)
     runner threads:  one per task (qc, grasp): sol_control.runner.TaskRunner (newest snapshot ─►
                      watchdog ─► Coprocessor.step ─► on-time-or-safe ─► _publish)
@@ -26,29 +26,22 @@ from diagnostic_msgs.msg import DiagnosticArray
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
-from sensor_msgs.msg import CompressedImage, Image
 
 from sol_control import priority
 from sol_control.config import NODE_NAME, STRUCTURAL, NodeConfig, from_flat
 from sol_control.decision import Decision
 from sol_control.energy import EnergyMeter
 from sol_control.gc_pauses import GcPauses
-from sol_control.ros import convert, qos
+from sol_control.ros import qos
 from sol_control.ros.bundle_swap import BundleSwaps, named
 from sol_control.ros.diagnostics import NodeStats, task_extra
-from sol_control.ros.image_pump import ImagePump
+from sol_control.ros.inputs import NodeInputs
 from sol_control.ros.outputs import DecisionOutputs
 from sol_control.ros.params import declare_config
-from sol_control.ros.side_streams import SIDE_TYPES, Polled, SideStreams
 from sol_control.runner import RunnerHooks, TaskRunner
 from sol_control.startup import Startup
-from sol_control.telemetry import Frame, InputRejected
 
 LOG_EVERY_S = 5.0
-SIDE_POLL_S = 0.1
-# The node's ROS interface (docs/ROS_INTERFACE.md): these inputs, and ros.outputs.OUTPUTS.
-IMAGES = {"camera/image_raw": Image, "camera/image_raw/compressed": CompressedImage}
-SUBSCRIBED = {**IMAGES, **SIDE_TYPES}
 
 
 class CoprocessorNode(LifecycleNode, RunnerHooks):
@@ -67,13 +60,9 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
         self.energy = EnergyMeter(self.cfg.energy.watts_per_busy_core)  # RAPL if readable, else estimated
         self.bundle_swaps = BundleSwaps(self.get_logger())
         self.add_on_set_parameters_callback(self._on_set_parameters)
-        self._subs: list = []
-        self._images: ImagePump | None = None
-        self.side_streams: SideStreams | None = None
-        self._side_timer = None
+        self.inputs: NodeInputs | None = None
         self.outputs = DecisionOutputs(self, self._on_offered_deadline_missed)
         self.runners: dict[str, TaskRunner] = {}
-        self._last_frame_stamp_ns = 0
         # /diagnostics is absolute: one topic for every line; statuses carry the namespace (the line)
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", qos.diagnostics_qos())
         self._diag_timer = self.create_timer(1.0, self._publish_diagnostics)
@@ -111,17 +100,8 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
             return self._configure_failed(f"{type(e).__name__}: {e}")
         self.config_error = ""
         self.startup.detail.update(self.cop.load_times_s())
-        in_qos = qos.sensor_qos(cfg.deadline.max_staleness_ms)
-        self.side_streams = SideStreams(self, lambda: self.cfg.inputs, in_qos, self.reject, self.cop.tasks)
-        polled = Polled()  # taken by the image pump, not the executor
-        self._subs = [self.create_subscription(kind, topic, lambda m: None, in_qos, callback_group=polled)
-                      for topic, kind in IMAGES.items()]
-        self._images = ImagePump(self.context, list(zip(self._subs, (self._on_image, self._on_compressed))),
-                                 lambda detail: self.reject("image_take_error", f"image: {detail}"))
-        self._images.start()
-        # without frames nobody takes the side streams: count their rejections within SIDE_POLL_S
-        self._side_timer = self.create_timer(SIDE_POLL_S, self.side_streams.take)
         self.runners = {task: TaskRunner(task, self.cop, self._publish, self) for task in self.cop.tasks}
+        self.inputs = NodeInputs(self, lambda: self.cfg, self.runners, self.reject)
         self._state = "inactive"
         self.startup.mark("configure")
         self.get_logger().info(f"configured: mode={cfg.mode}, bundles "
@@ -143,8 +123,7 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
         latency = ", ".join(f"{t} {ms:.1f} ms" for t, ms in warm.items())
         self.get_logger().info(f"warm: full-precision latency {latency}")
         self.startup.mark("warmup")
-        self.side_streams.clear()
-        self._last_frame_stamp_ns = 0  # a restarted (sim) clock must not look like out-of-order frames
+        self.inputs.restart()
         # decision publishers exist only while active: a subscriber's liveliness event says a node
         # that decides is (no longer) there
         self.outputs.create(self.cfg, self.cop.tasks)
@@ -194,19 +173,10 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
     def _release(self) -> None:
         self._stop_runners()
         self.gc_pauses.uninstall()
+        if self.inputs is not None:  # nothing is offered to the runners after this
+            self.inputs.destroy()
+            self.inputs = None
         self.runners = {}
-        if self._side_timer is not None:
-            self.destroy_timer(self._side_timer)
-            self._side_timer = None
-        if self._images is not None:
-            self._images.stop()
-            self._images = None
-        if self.side_streams is not None:
-            self.side_streams.destroy(self)
-            self.side_streams = None
-        for s in self._subs:
-            self.destroy_subscription(s)
-        self._subs = []
         self.outputs.destroy()
         if self.cop is not None:
             self.cop.close()
@@ -217,41 +187,6 @@ class CoprocessorNode(LifecycleNode, RunnerHooks):
         if self.trigger_configure() != TransitionCallbackReturn.SUCCESS:
             return False
         return self.trigger_activate() == TransitionCallbackReturn.SUCCESS
-
-    # -- inputs (image thread: validate, convert, offer; never infer) ---------------------------------
-    def _admit(self, msg, make_frame, info=None) -> None:
-        recv = time.monotonic_ns()
-        transport_ns = 0
-        if info is not None and info.get("source_timestamp"):
-            transport_ns = min(max(time.time_ns() - int(info["source_timestamp"]), 0), 10**9)
-        try:
-            stamp = convert.stamp_from_ros(msg.header.stamp)
-            d = self.cfg.deadline
-            start = convert.budget_start_ns(stamp, self.get_clock().now().nanoseconds, recv,
-                                            self._last_frame_stamp_ns, d.max_future_ms, d.max_staleness_ms,
-                                            transport_ns)
-            frame = make_frame(stamp, start)
-        except InputRejected as e:
-            self.reject(e.reason, str(e))
-            return
-        except Exception as e:  # noqa: BLE001 - a malformed message never takes the node down
-            self.reject("conversion_error", f"{type(e).__name__}: {e}")
-            return
-        self._last_frame_stamp_ns = stamp
-        telemetry = self.side_streams.snapshot(frame, self.cfg.deadline.max_staleness_ms)
-        for runner in self.runners.values():
-            runner.offer(telemetry)
-
-    def _on_image(self, msg: Image, info) -> None:  # info: rclpy MessageInfo (DDS source timestamp)
-        self._admit(msg, lambda stamp, start: Frame(
-            convert.image_from_ros(msg, self.cfg.inputs.max_image_pixels), stamp, start, msg.header.frame_id),
-            info)
-
-    def _on_compressed(self, msg: CompressedImage, info) -> None:
-        def make(stamp: int, start: int) -> Frame:
-            data, kind = convert.compressed_from_ros(msg, self.cfg.inputs.max_compressed_bytes)
-            return Frame(None, stamp, start, msg.header.frame_id, compressed=data, compressed_format=kind)
-        self._admit(msg, make, info)
 
     # -- RunnerHooks (runner threads) -----------------------------------------------------------
     def reject(self, reason: str, detail: str) -> None:
@@ -324,8 +259,8 @@ def main(args: list[str] | None = None) -> None:
         if rclpy.ok():
             raise
         # SIGINT shut the context down while the executor was taking a message: rclpy's take_message
-        # then raises "Unable to convert call argument '0' to Python object" (seen once in `make test`,
-        # 2026-12-06); it is the requested stop, not a failure
+        # then raises "Unable to convert call argument '0' to Python object"; it is the requested
+        # stop, not a failure
     finally:
         node._release()
         node.destroy_node()

@@ -24,8 +24,9 @@ from rosgraph_msgs.msg import Clock
 from sensor_msgs.msg import Image, JointState
 
 from sol_control.ros import convert
-from sol_control.sim.lines import CLOCK_PERIOD_NS, QC_TOPICS, TRUTH_TOPIC, LineBag
+from sol_control.sim.line_bag import QC_TOPICS, TRUTH_TOPIC, LineBag
 
+CLOCK_PERIOD_NS = 10_000_000   # /clock every 10 ms of sim time
 RELIABLE = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10, reliability=ReliabilityPolicy.RELIABLE,
                       durability=DurabilityPolicy.VOLATILE)
 

@@ -20,14 +20,12 @@ import math
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-QC_TOPICS = ("qc/camera/image_raw", "conveyor/joint_states")
-TRUTH_TOPIC = "sim/truth"
+from sol_control.sim.line_bag import QC_TOPICS, LineBag
+
 NODE_PARAMS = ["mode:=qc", "use_sim_time:=true", "autostart:=true", "deadline.sensor_timeout_ms:=600000.0",
                "deadline.max_future_ms:=1000.0", "deadline.max_staleness_ms:=10000.0"]
-CLOCK_PERIOD_NS = 10_000_000   # /clock every 10 ms of sim time
 STARTUP_TIMEOUT_S = 180.0
 
 
@@ -38,23 +36,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="coprocessor parameter for every line, e.g. deadline.qc_ms=20 (repeatable)")
     p.add_argument("--logs", default="lines_logs", help="folder for the nodes' logs")
     p.add_argument("--json", default="", help="write the result here")
-
-
-@dataclass
-class LineBag:
-    """One line's recorded QC station: timed messages to publish and the truth per image stamp."""
-
-    name: str                                        # "line1": the namespace without its slash
-    messages: list[tuple[int, str, object]]          # (sim time ns, relative topic, rclpy message)
-    defective: dict[int, bool] = field(default_factory=dict)
-
-    @property
-    def frame_id(self) -> str:
-        return f"{self.name}/qc_camera"
-
-    @property
-    def image_stamps(self) -> set[int]:
-        return {t for t, topic, _ in self.messages if topic == QC_TOPICS[0]}
 
 
 def node_cmd(line: str, params: list[str]) -> list[str]:

@@ -159,7 +159,7 @@ def build_fused(weights, out: Path, precisions: tuple[str, ...] = ("fp32", "int4
 
 
 def build_static_int8(weights, out: Path) -> Path:
-    """The int8 fused graph of calibrated weights (graph.calibrate.static_int8): activations on
+    """The int8 fused graph of calibrated weights (train.calibrate.static_int8): activations on
     static scales, 15-19 % less a decision than per-row scales."""
     from sol_control.graph.llama import build_decoder
 
