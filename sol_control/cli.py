@@ -19,12 +19,13 @@ COMMANDS = {
     "import": ("sol_control.lm.importer", "a GGUF, Hugging Face or ONNX model -> a verified LM bundle"),
     "generate": ("sol_control.lm.generate", "greedy text from a language model bundle (speculative with a draft)"),
     "doctor": ("sol_control.doctor", "this PC: CPU, kernels, ms per decision per bundle and precision, do the deadlines hold"),
+    "parts": ("sol_control.tasks.parts", "generated QC parts as a labelled image folder (good/, defect/<kind>/): a stand-in for your own"),
     "train": ("sol_control.train.command", "a QC bundle from your own labelled images (good/, defect/<kind>/): fine-tune, export, check"),
 }
 BENCHES = {
     "decode": ("sol_control.bench.decode_bench", "decoder: standard vs quantized vs speculative"),
     "node": ("sol_control.bench.node_bench", "ROS node: stamp-to-receipt latency over DDS"),
-    "cold-start": ("sol_control.ros.cold_start", "ROS node: process start to first decision, where the time goes"),
+    "cold-start": ("sol_control.bench.cold_start", "ROS node: process start to first decision, where the time goes"),
     "lm": ("sol_control.bench.lm_bench", "a real LM (SmolLM2-135M): standard vs quantized vs speculative, agent loop"),
     "all": ("sol_control.bench.report", "everything, into bench_report/"),
 }

@@ -10,11 +10,11 @@ pi, width <= width tolerance, all from the manifest) plus per-dimension errors. 
 variants add `acceptance` (accepted / proposed guesses) and `tokens_per_target_pass`.
 
 A QC folder (`--folder DIR`: good/ and defect/<kind>/ images, optional positions.csv; the layout of
-`sol-control train`, sol_control/train/folder.py) is read with OpenCV and the node's perception, and
+`sol-control train`, sol_control/tasks/labelled_folder.py) is read with OpenCV and the node's perception, and
 scored the same way, plus a confusion matrix (rows: the folder's classes; columns: the bundle's,
 then "none" for no valid decision); a defect's position is scored where the CSV gives it.
 
-    sol-control eval --bundle models/qc [--split test|heldout] [--n 500] [--json PATH]
+    sol-control eval --bundle models/qc [--split test|heldout|novel] [--n 500] [--json PATH]
     sol-control eval --bundle my_bundle --folder DIR [--positions CSV] [--json PATH]
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ from .bundle import Bundle
 from .decoding import greedy, open_decoder, speculate, speculate_heads
 from .perception import ObservationTokenizer
 
-DEFAULT_N = {"test": 500, "heldout": 500}
+DEFAULT_N = {"test": 500, "heldout": 500, "novel": 500}  # novel: families no bundle is trained on
 LOCATED = ("scratch", "crack", "discoloration")  # scene classes whose u, v mark the defect itself (scored)
 
 
@@ -121,7 +121,7 @@ def run_variant(bundle: Bundle, precision: str, prefixes: list, n_act: int, acts
         wall.append(res.stats.wall_ms)
         tokens.append(list(res.tokens))
         try:
-            decisions.append(acts.decode(res.tokens, res.probs))
+            decisions.append(acts.decode(res.tokens, res.probs, prefix))
         except ValueError:
             decisions.append(None)  # a token outside its field: no valid decision
     extra = {"decode_ms_p50": float(np.median(wall)) if wall else None,
@@ -188,9 +188,9 @@ def score_variants(bundle: Bundle, prefixes: list, labels: list[dict],
 
 
 def folder_inputs(bundle: Bundle, folder: str | Path, positions: str | Path | None = None):
-    """A labelled QC folder through the bundle's perception: (train.folder.Encoded, its classes).
+    """A labelled QC folder through the bundle's perception: (tasks.labelled_folder.Encoded, its classes).
     ValueError for a grasp bundle, a bad folder, or a class the bundle does not have."""
-    from .train.folder import check_classes, encode_folder, read_folder
+    from .tasks.labelled_folder import check_classes, encode_folder, read_folder
 
     m = bundle.manifest
     if m.task != "qc":
@@ -205,7 +205,7 @@ def evaluate(bundle_dir: str | Path, split: str = "test", precisions: tuple[str,
              relax_delta: int = 0, folder: str | Path | None = None, positions: str | Path | None = None) -> dict:
     """The bundle on `n` scenes of `split`, or on a labelled QC `folder` (`positions`: its CSV)."""
     if split not in DEFAULT_N:
-        raise ValueError(f"split must be 'test' or 'heldout', got {split!r}")
+        raise ValueError(f"split must be one of {sorted(DEFAULT_N)}, got {split!r}")
     bundle = Bundle.load(bundle_dir)
     m = bundle.manifest
     if m.task not in ("qc", "grasp"):

@@ -5,8 +5,9 @@ engineered features instead of image patches:
 1. segment the part/object from the background (QC: the median colour of the image border, the
    belt; grasp: a plane fitted per channel to the border, which absorbs lighting gradients);
 2. measure it: sub-pixel centroid and principal axis from (soft-coverage) image moments, extents,
-   area, min-area-rect fill, solidity, hole count; QC also line evidence (morphological black/top
-   hat: scratches, cracks) and chroma deviation (discoloration), with their locations;
+   area (QC: the outline's compactness instead, scale-free), min-area-rect fill, solidity, hole
+   count; QC also line evidence (morphological black/top hat: scratches, cracks) and chroma
+   deviation (discoloration), with their locations;
 3. bin every feature (token = offset + clip(floor((f - low) / (high - low) * size), 0, size - 1),
    `log` features are binned on log(f)). The bins live in the bundle manifest's `observation` dict;
    each feature has its own token range so a token says what it measures.
@@ -25,7 +26,7 @@ import numpy as np
 # name, size, low, high, scale. Integer-valued features use low=-0.5, high=size-0.5.
 QC_FEATURES = (
     ("holes", 8, -0.5, 7.5, "linear"),
-    ("area", 16, 0.02, 0.40, "log"),  # filled part area / image area
+    ("compactness", 16, 1.0, 3.0, "linear"),  # outline length^2 / (4 pi area): 1 for a disc, scale-free
     ("aspect", 48, 1.0, 2.2, "linear"),  # principal-axis ratio from second moments
     ("rect_aspect", 48, 1.0, 2.2, "linear"),  # min-area-rect long / short side (brackets, plates)
     ("fill", 24, 0.40, 1.0, "linear"),  # filled area / min-area-rect area
@@ -43,6 +44,9 @@ QC_FEATURES = (
     ("stain_u", 64, 0.0, 1.0, "linear"), ("stain_v", 64, 0.0, 1.0, "linear"),
     ("part_u", 64, 0.0, 1.0, "linear"), ("part_v", 64, 0.0, 1.0, "linear"),
 )
+# Measured too, for bundles made before a feature was replaced: the absolute part area (image
+# shares) tied decisions to the sizes trained on; `compactness` took its place
+QC_LEGACY_FEATURES = ("area",)
 # Static first: the arm's joints lead the grasp prefix. The pick camera fires with the arm parked,
 # so these tokens repeat frame after frame and their KV cache is kept (exact prefix reuse). Joint
 # bins are centred on multiples of pi/8, so a parked joint at 0 or -pi/2 sits mid-bin, not on an edge.
@@ -154,6 +158,7 @@ def _qc_shape(outer: np.ndarray, filled: np.ndarray, holes_mask: np.ndarray, n: 
     common = math.sqrt(((mu20 - mu02) / 2) ** 2 + mu11 ** 2)
     l1, l2 = (mu20 + mu02) / 2 + common, max((mu20 + mu02) / 2 - common, 1e-6)
     f = {"holes": _count_holes(holes_mask), "area": area / (n * n), "aspect": math.sqrt(l1 / l2),  # moment axes
+         "compactness": cv2.arcLength(outer, True) ** 2 / (4 * math.pi * max(area, 1.0)),
          "rect_aspect": max(rw, rh) / max(min(rw, rh), 1.0),
          "fill": area / max(rw * rh, 1.0), "solidity": area / max(hull, 1.0),
          "hole_frac": float(holes_mask.sum()) / area, "part_u": pu, "part_v": pv}
@@ -200,11 +205,18 @@ def _qc_lines(f: dict, gray: np.ndarray, bg: np.ndarray, part, filled, inner, si
         f["line_u"], f["line_v"] = float(xs.mean() + 0.5) / n, float(ys.mean() + 0.5) / n
 
 
-def _qc_stain(f: dict, img: np.ndarray, inner: np.ndarray, n: int) -> None:
-    """Chroma deviation (discoloration) into `f`; lighting gain and gradients do not change chroma."""
+def _channel_min(a: np.ndarray) -> np.ndarray:
+    return np.minimum(np.minimum(a[..., 0], a[..., 1]), a[..., 2])
+
+
+def _qc_stain(f: dict, img: np.ndarray, surface: np.ndarray, n: int) -> None:
+    """Chroma deviation (discoloration) into `f`; lighting gain and gradients do not change chroma.
+    `surface`: the part without a 1-px rim and hole edges (a stain on a small part sits near them)."""
     total = np.maximum(_channel_sum(img), 1.0)
     chroma = [img[..., c] / total for c in range(3)]  # planes: img / total[..., None], bit for bit
-    core = (inner > 0) & (_channel_max(img) < 250)  # clipped pixels have no reliable chroma
+    # a pixel clipped in every channel has no chroma; one clipped channel (a bright part under strong
+    # light) is clipped all over the part, so its chroma still compares
+    core = (surface > 0) & (_channel_min(img) < 250)
     f.update(stain_frac=0.0, stain_max=0.0, stain_u=f["part_u"], stain_v=f["part_v"])
     if core.sum() < 20:
         return
@@ -232,7 +244,7 @@ def qc_features(image: np.ndarray) -> dict[str, float]:
     f, size_px = _qc_shape(outer, filled, holes_mask, n)
     inner = cv2.erode(filled, _ellipse(5)) & (1 - cv2.dilate(holes_mask, _ellipse(5)))
     _qc_lines(f, gray, bg, part, filled, inner, size_px, n)
-    _qc_stain(f, img, inner, n)
+    _qc_stain(f, img, cv2.erode(filled, _ellipse(3)) & (1 - cv2.dilate(holes_mask, _ellipse(3))), n)
     return f
 
 
@@ -345,6 +357,7 @@ class ObservationTokenizer:
         self.image_px = int(config["image_px"])
         self.features = list(config["features"])
         known = {s[0] for s in (QC_FEATURES if self.task == "qc" else GRASP_FEATURES)}
+        known |= set(QC_LEGACY_FEATURES if self.task == "qc" else ())
         for spec in self.features:
             if spec["name"] not in known:
                 raise ValueError(f"observation config: unknown {self.task} feature {spec['name']!r}")

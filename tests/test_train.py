@@ -16,7 +16,7 @@ from sol_control.bundle import Bundle
 from sol_control.cli import main as cli
 from sol_control.eval import evaluate
 from sol_control.tasks import qc
-from sol_control.train import folder as F
+from sol_control.tasks import labelled_folder as F
 from sol_control.train.report import quantized_verdict
 
 CLASSES = ("ok", "scratch", "crack")
@@ -69,6 +69,7 @@ def trained(labelled, tmp_path_factory) -> tuple[Path, int]:
     return out, code
 
 
+@pytest.mark.slow  # trains a bundle (module fixture, ~30 s)
 def test_train_writes_a_verified_bundle_and_its_report(labelled, trained):
     folder, rows = labelled
     out, code = trained
@@ -98,6 +99,7 @@ def test_train_writes_a_verified_bundle_and_its_report(labelled, trained):
     assert not list(out.parent.glob(".my_qc.*"))  # no temp folder left
 
 
+@pytest.mark.slow  # trains a bundle (module fixture, ~30 s)
 def test_eval_scores_the_bundle_on_a_folder(labelled, trained, capsys):
     folder, rows = labelled
     out, _ = trained
@@ -169,7 +171,7 @@ def test_bad_input_is_named_and_leaves_no_bundle(case, labelled, tmp_path, capsy
 
 
 def test_an_existing_bundle_is_replaced_only_when_asked(labelled, tmp_path):
-    from sol_control.train.command import TrainConfig
+    from sol_control.train.config import TrainConfig
 
     (tmp_path / "b").mkdir()
     with pytest.raises(ValueError, match="b exists; pick another folder or pass --overwrite"):
@@ -178,7 +180,7 @@ def test_an_existing_bundle_is_replaced_only_when_asked(labelled, tmp_path):
 
 
 def test_new_classes_need_from_scratch_which_takes_them_from_the_folders(labelled, tmp_path):
-    from sol_control.train.command import TrainConfig
+    from sol_control.train.config import TrainConfig
     from sol_control.train.pipeline import bundle_layout
 
     folder = _small_folder(tmp_path / "parts", labelled)

@@ -85,10 +85,10 @@ def export_bundle(task: str, out: Path, work: Path) -> dict:
 
 def build_static_int8(out: Path) -> dict:
     """The bundle's int8 fused graph again, its activations on static scales calibrated on its own
-    answers to training scenes (graph.calibrate; 15-19 % less a decision than per-row scales).
+    answers to training scenes (train.calibrate; 15-19 % less a decision than per-row scales).
     The manifest must exist, and has to be written again afterwards (sha256)."""
     from sol_control.bundle import Bundle
-    from sol_control.graph.calibrate import bundle_static_int8
+    from sol_control.train.calibrate import bundle_static_int8
     from sol_control.train.export import build_static_int8 as write_static_int8
 
     weights, record = bundle_static_int8(Bundle.load(out))
@@ -141,18 +141,41 @@ def train_target(task: str, data: dict, args, work: Path) -> None:
     import train_heads as H
 
     lo, hi = T.layout(task)["vocab"]["action"]
-    stage(f"{task}: train target + {HEADS[task]} draft heads ({args.steps} steps)")
-    model = T.make_model(task, T.TARGET_ARCH)
-    heads = H.Heads(model.lm_head.weight.detach().numpy()[lo:hi].copy(), HEADS[task])
+    start = f"from {args.init_from / task}" if args.init_from else "from scratch"
+    stage(f"{task}: train target + {HEADS[task]} draft heads ({args.steps} steps, {start})")
+    model, heads = starting_target(task, args.init_from, work, lo, hi)
     info = T.train(model, data, args.steps, args.lr, args.batch, T.WORK / "train.log", work / "target",
                    f"{task}/target", heads=heads, heads_weight=args.heads_weight, action_offset=lo)
     np.savez(work / "heads.npz", **heads.arrays(), token_offset=np.int64(lo))
     (work / "target_train.json").write_text(json.dumps(info, indent=2))
     if task in HEADS_ON_FROZEN_TARGET:
-        steps = HEADS_ON_FROZEN_TARGET[task]
+        steps = args.frozen_heads_steps or HEADS_ON_FROZEN_TARGET[task]
         stage(f"{task}: {HEADS[task]} draft heads again, on the frozen target ({steps} steps)")
         H.fit_heads(task, T.load_model(work / "target"), work, HEADS[task], steps,
                     args.n_train or N_TRAIN[task])  # rewrites heads.npz
+
+
+def starting_target(task: str, init_from: Path | None, work: Path, lo: int, hi: int):
+    """(target, heads): new ones, or (`--init-from`) a built bundle's fp32 target and heads, so a
+    change of the labels or features fine-tunes the shipped policy instead of starting over."""
+    import train_heads as H
+
+    from sol_control.graph.from_onnx import read_heads
+    from sol_control.train.model import target_from_bundle
+
+    if init_from is None:
+        model = T.make_model(task, T.TARGET_ARCH)
+        return model, H.Heads(model.lm_head.weight.detach().numpy()[lo:hi].copy(), HEADS[task])
+    bundle = init_from / task
+    model = target_from_bundle(bundle, work / "init")
+    old = read_heads(bundle / FUSED["fp32"])
+    return model, H.Heads.from_arrays(old.w1, old.w2)
+
+
+def starting_draft(task: str, args, work: Path):
+    if args.init_from is None:
+        return T.make_model(task, T.DRAFT_ARCH, seed=1)
+    return T.load_model(work / "init" / "hf_from_bundle" / "draft")
 
 
 def distil_draft(task: str, data: dict, args, work: Path, n_train: int) -> None:
@@ -166,7 +189,7 @@ def distil_draft(task: str, data: dict, args, work: Path, n_train: int) -> None:
     prefix = np.concatenate([data["prefix"], T.extra_prefixes(task, n_train, distill_extra, args.workers)])
     acts = T.greedy_batch(target, prefix, data["actions"].shape[1])
     np.save(work / "target_greedy.npy", acts)
-    draft = T.make_model(task, T.DRAFT_ARCH, seed=1)
+    draft = starting_draft(task, args, work)
     info = T.train(draft, {"prefix": prefix, "actions": acts}, draft_steps, args.lr,
                    args.batch, T.WORK / "train.log", work / "draft", f"{task}/draft")
     info["target_teacher_token_agreement"] = float((acts[:len(data["actions"])] == data["actions"]).mean())
@@ -336,6 +359,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--train-only", action="store_true", help="data and training only (no export)")
+    ap.add_argument("--frozen-heads-steps", type=int, default=None,
+                    help=f"steps of the heads trained again on the frozen target (default {HEADS_ON_FROZEN_TARGET})")
+    ap.add_argument("--init-from", type=Path, default=None,
+                    help="start the target, its heads and the draft from the bundles in this folder "
+                         "(a copy: --out may overwrite them); fine-tuning after a change of labels or features")
     ap.add_argument("--refresh-graphs", action="store_true",
                     help="rebuild the shipped bundles' fused graphs from the bundles themselves and re-evaluate")
     ap.add_argument("--heads", type=Path, default=None,

@@ -50,7 +50,7 @@ def _one(args: tuple[str, str, int]) -> tuple[np.ndarray, list[int]] | None:
         prefix = obs_tok.encode(s.image, getattr(s, "joints_rad", None))
     except ValueError:
         return None
-    return prefix, act_tok.encode(s.label)
+    return prefix, act_tok.encode(s.label, prefix)
 
 
 _LAYOUT_CACHE: dict = {}

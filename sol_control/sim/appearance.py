@@ -14,7 +14,7 @@ import numpy as np
 
 from sol_control.tasks import grasp as grasp_task
 from sol_control.tasks import qc as qc_task
-from sol_control.tasks.common import QC_DEFECTS
+from sol_control.tasks.common import QC_DEFECTS, QC_PART_FAMILIES
 
 
 @dataclass(frozen=True)
@@ -33,9 +33,10 @@ class QCPart:
         return self.spec.defect != "ok"
 
 
-def sample_qc_part(rng: np.random.Generator, defect_rate: float) -> QCPart:
-    """A training-distribution part whose defect is drawn at the line's `defect_rate`."""
-    spec = qc_task.sample_spec(rng, heldout=False)
+def sample_qc_part(rng: np.random.Generator, defect_rate: float,
+                   families: tuple[str, ...] = QC_PART_FAMILIES) -> QCPart:
+    """A training-distribution part of one of `families` whose defect is drawn at the line's `defect_rate`."""
+    spec = qc_task.sample_spec(rng, heldout=False, families=families)
     if rng.random() >= defect_rate:
         spec = dataclasses.replace(spec, defect="ok", severity=0.0)
     else:

@@ -219,7 +219,8 @@ class CellBridge(ClockingMixin):
                "deadline_ms": d.deadline_ms, "deadline_met": d.deadline_met, "e2e_ms": e2e_ms,
                "measured_ms": measured_ms, "unlabelled_miss": bool(d.deadline_met and e2e_ms > d.deadline_ms),
                "confidence": d.action.confidence, "cpu_ms": d.cpu_ms, "policy": d.policy_rule,
-               "policy_overruled": d.policy_overruled, **{k: getattr(d, k) for k in STAGE_FIELDS}}
+               "policy_overruled": d.policy_overruled, "bundle_sha256": d.bundle_sha256,
+               **{k: getattr(d, k) for k in STAGE_FIELDS}}
         info = {k: rec[k] for k in ("source", "latency_ms", "deadline_met", "e2e_ms", "confidence")}
         return d, rec, info
 

@@ -6,6 +6,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sol_control.config import DEFAULT_CAMERA_TO_EJECTOR_M
+from sol_control.tasks.common import NOVEL_FAMILIES, QC_PART_FAMILIES
 
 
 class ConveyorConfig(BaseModel):
@@ -18,6 +19,22 @@ class ConveyorConfig(BaseModel):
                                        description="QC camera → pusher (the coprocessor's qc.camera_to_ejector_m "
                                                    "is set from it)")
     pusher_stroke_s: float = Field(0.12, gt=0.02, le=1.0, description="time for one extension")
+    families: tuple[str, ...] = Field(QC_PART_FAMILIES,
+                                      description="part families the belt carries, drawn uniformly (the shipped "
+                                                  f"bundles are trained on {', '.join(QC_PART_FAMILIES)}; "
+                                                  f"{', '.join(NOVEL_FAMILIES)} are families they never saw)")
+
+    @field_validator("families")
+    @classmethod
+    def _known_families(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        known = QC_PART_FAMILIES + NOVEL_FAMILIES
+        if not v:
+            raise ValueError(f"families must name at least one of {', '.join(known)}")
+        if unknown := [f for f in v if f not in known]:
+            raise ValueError(f"families must be among {', '.join(known)}, got {', '.join(map(repr, unknown))}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"families must not repeat a family, got {', '.join(v)}")
+        return v
 
 
 class PickConfig(BaseModel):

@@ -159,7 +159,7 @@ class Conveyor:
 
     def _spawn(self, t_s: float) -> None:
         slot = self.free_slots.pop(0)
-        part = sample_qc_part(self.rng, self.cfg.defect_rate)
+        part = sample_qc_part(self.rng, self.cfg.defect_rate, self.cfg.families)
         bp = BeltPart(part_id=self.next_id, slot=slot, part=part, spawn_t_s=t_s)
         self.next_id += 1
         tex_id = self.tex[slot]

@@ -7,6 +7,9 @@ prints the summary table and writes demo_report/ (report.json, events.jsonl, PNG
 `--oracle` replaces the nodes by the ground-truth controller (a cell check without models).
 A node that exits is restarted after RESPAWN_DELAY_S (as launch/ does with respawn), and
 `--chaos` SIGKILLs one on purpose (sim/chaos.py): one run per node, reports in demo_report/chaos_*.
+`--qc-families` puts other part families on the belt; `--swap-qc DIR@SECONDS` swaps the running QC
+node to the bundle in DIR at that sim time (sim/swap.py; the report's `swap` section splits the QC
+figures by the bundle that made each verdict).
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import time
 from pathlib import Path
 
 from sol_control.sim.supervisor import NodeSupervisor
+from sol_control.tasks.common import NOVEL_FAMILIES, QC_PART_FAMILIES
 
 REPO = Path(__file__).resolve().parents[2]
 CAMERA_OF_TASK = {"qc": "qc", "grasp": "pick"}
@@ -61,6 +65,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="niceness of the simulated world once the nodes are started (default 10): the "
                         "renderer and physics stand in for the real world, which costs the cell's "
                         "computer no CPU; 0 lets them compete with the co-processor as equals")
+    p.add_argument("--qc-families", default=None, metavar="FAMILY[,FAMILY...]",
+                   help=f"the part families on the belt (default: the shipped bundles' own, "
+                        f"{','.join(QC_PART_FAMILIES)}); {','.join(NOVEL_FAMILIES)} are families no shipped "
+                        f"bundle was trained on")
+    p.add_argument("--swap-qc", default=None, metavar="DIR@SECONDS",
+                   help="at SECONDS of sim time, swap the running QC node to the bundle in DIR (its qc.bundle "
+                        "parameter, as `bench node --swap-at`; with --lockstep right before the first QC image "
+                        "from then on, time standing still until the node answers). A refused bundle leaves "
+                        "the old one deciding and the run goes on. The report's `swap` section: the answer "
+                        "and, per bundle sha256, verdicts, right and wrong, manual, deadline hit rate")
 
 
 def ros_env() -> dict[str, str]:
@@ -150,18 +164,46 @@ class Progress:
         print("\r" + self.line(bridge), end="", flush=True)
 
 
+def qc_families(text: str | None) -> tuple[str, ...]:
+    """`--qc-families a,b` → the conveyor's families, validated by its config (None: the default)."""
+    from pydantic import ValidationError
+
+    from sol_control.sim.config import ConveyorConfig
+
+    if text is None:
+        return ConveyorConfig().families
+    try:
+        return ConveyorConfig(families=tuple(f.strip() for f in text.split(",") if f.strip())).families
+    except ValidationError as e:
+        raise ValueError(f"--qc-families {text!r}: {e.errors()[0]['msg'].removeprefix('Value error, ')}") from None
+
+
+def swap_plan(args: argparse.Namespace):
+    """`--swap-qc DIR@SECONDS` → sim.swap.SwapPlan (None without it), checked before anything starts."""
+    from sol_control.sim.swap import SwapPlan
+
+    if args.swap_qc is None:
+        return None
+    plan = SwapPlan.parse(args.swap_qc, args.duration)
+    if args.oracle or args.only == "grasp" or args.chaos:
+        raise ValueError("--swap-qc swaps the running QC node's bundle: not with --oracle, --only grasp or --chaos")
+    return plan
+
+
 def run(args: argparse.Namespace) -> int:
+    families, swap = qc_families(args.qc_families), swap_plan(args)
     _export(ros_env())
     out = Path(args.out)
     if not args.chaos:
-        report = run_once(args, out)
+        report = run_once(args, out, families=families, swap=swap)
         return 0 if report["unverified_passes"] == 0 else 1
     from sol_control.sim import chaos
 
     which = chaos.TASKS if args.chaos == "both" else (args.chaos,)
     if args.oracle or (args.only and args.only not in which):
         raise ValueError("--chaos kills coprocessor nodes: not with --oracle, and --only must keep the killed node")
-    runs = {task: run_once(args, out / f"chaos_{task}", [chaos.ChaosPlan.seeded(task, args.seed, args.duration)])
+    runs = {task: run_once(args, out / f"chaos_{task}", [chaos.ChaosPlan.seeded(task, args.seed, args.duration)],
+                           families=families)
             for task in which}
     top = chaos.combine(runs)
     out.mkdir(parents=True, exist_ok=True)
@@ -174,8 +216,9 @@ def run(args: argparse.Namespace) -> int:
     return 0 if top["unverified_passes"] == 0 else 1
 
 
-def run_once(args: argparse.Namespace, out: Path, chaos_plans=()) -> dict:
-    """One demo run into `out`; returns its report."""
+def run_once(args: argparse.Namespace, out: Path, chaos_plans=(), families: tuple[str, ...] = QC_PART_FAMILIES,
+             swap=None) -> dict:
+    """One demo run into `out` (parts of `families`, `swap`: a sim.swap.SwapPlan); returns its report."""
     from sol_control.sim.config import BridgeConfig
 
     tasks = (args.only,) if args.only else ("qc", "grasp")
@@ -188,17 +231,22 @@ def run_once(args: argparse.Namespace, out: Path, chaos_plans=()) -> dict:
         params.append(f"nice:={node_nice}")
     if args.standard_only:
         params += standard_only_params()
+    if swap is not None and not args.lockstep and not any(p.startswith("deadline.max_future_ms:=") for p in params):
+        from sol_control.sim.swap import SWAP_MAX_FUTURE_MS
+
+        params.append(f"deadline.max_future_ms:={SWAP_MAX_FUTURE_MS}")
     if not args.oracle:
         check_bundles(tasks, params)
     cfg = BridgeConfig(mode="lockstep" if args.lockstep else "realtime", duration_s=args.duration,
                        rate=args.rate, record_path=args.record and args.record + (f"_{out.name}" if chaos_plans else ""),
-                       cell={"seed": args.seed, "qc": "qc" in tasks, "grasp": "grasp" in tasks})
+                       cell={"seed": args.seed, "qc": "qc" in tasks, "grasp": "grasp" in tasks,
+                             "conveyor": {"families": families}})
     progress = Progress(cfg.duration_s, args.quiet)
     meter = energy_meter(pairs)
     sim_nice = args.sim_nice
     summary, events = closed_loop(cfg, tasks, params, out / "logs", oracle=args.oracle, progress=progress,
                                   snapshot=out / "cell_overview.png", sim_nice=sim_nice,
-                                  chaos=chaos_plans, respawn=not args.no_respawn)
+                                  chaos=chaos_plans, respawn=not args.no_respawn, swap=swap)
     args.sim_nice = 0   # os.nice is applied once; this process keeps it for a second (chaos) run
     from sol_control.sim import report as rep
     from sol_control.sim.scoring import energy_table
@@ -207,12 +255,19 @@ def run_once(args: argparse.Namespace, out: Path, chaos_plans=()) -> dict:
     meta = {"seed": args.seed, "duration_s": args.duration, "mode": cfg.mode, "rate": cfg.rate,
             "controller": "oracle" if args.oracle else "coprocessor",
             "standard_only": bool(args.standard_only), "policy_preset": bool(args.policy),
-            "node_params": params, "sim_nice": sim_nice, "load_1min": os.getloadavg()[0]}
+            "node_params": params, "sim_nice": sim_nice, "load_1min": os.getloadavg()[0],
+            **({"qc_families": list(families)} if families != QC_PART_FAMILIES else {})}
+    if swap is not None:
+        from sol_control.sim.swap import section
+
+        summary["swap"] = section(summary["swap"], events, summary)
     r = rep.build_report(summary, meta, energy_table([e for e in events if e["type"] == "decision"], meter))
     files = rep.write(out, r, events) + [out / "cell_overview.png"]
     print("\n" + rep.table(r))
     if r["energy"]:
         print(f"energy: {r['energy']['energy_assumption']}")
+    if swap is not None and not r["swap"]["successful"]:
+        print(f"swap refused: {r['swap']['reason']}")
     print("wrote " + ", ".join(str(f) for f in files))
     return r
 
@@ -243,15 +298,17 @@ def check_bundles(tasks: tuple[str, ...], params: list[str]) -> None:
 
 def closed_loop(cfg, tasks: tuple[str, ...], params: list[str], log_dir: Path, oracle: bool = False,
                 progress: Progress | None = None, snapshot: Path | None = None,
-                sim_nice: int = 0, chaos=(), respawn: bool = True) -> tuple[dict, list[dict]]:
+                sim_nice: int = 0, chaos=(), respawn: bool = True, swap=None) -> tuple[dict, list[dict]]:
     """Start the coprocessor nodes (unless oracle), run the cell as `cell_sim`, stop the nodes.
     A node that exits during the run is restarted (unless `respawn` is False: the run ends);
     `chaos` (sim.chaos.ChaosPlan, one per node to kill) kills them on purpose. `sim_nice` > 0 lowers this process's CPU
     priority once the nodes are forked (they keep theirs); it cannot be undone, so only the `demo`
     command, whose process ends with the run, passes it. Returns the bridge summary (with the
-    nodes' respawns, memory and the chaos figures) and every event (decisions, outcomes, liveliness)."""
+    nodes' respawns, memory and the chaos figures) and every event (decisions, outcomes, liveliness).
+    `swap` (sim.swap.SwapPlan) swaps the QC node's bundle during the run: `summary["swap"]` says how it went."""
     from sol_control.sim.bridge import Session
     from sol_control.sim.chaos import ChaosMonitor
+    from sol_control.sim.swap import SwapMonitor
 
     env = ros_env()                     # the nodes and this process share one domain, whatever the caller set
     lockstep = cfg.mode == "lockstep"
@@ -259,22 +316,27 @@ def closed_loop(cfg, tasks: tuple[str, ...], params: list[str], log_dir: Path, o
                               for t in tasks}
     sup = NodeSupervisor(cmds, env, log_dir, respawn=respawn)
     sup.start()
-    if sim_nice > 0:
-        os.nice(sim_nice)  # threads started from here on (renderer, DDS) inherit it
-    monitors = [ChaosMonitor(plan, sup, lockstep) for plan in chaos]
-    listeners = [m.on_event for m in monitors]
-    t0 = time.monotonic()
+    swapper = None
     try:
+        if swap is not None:  # with the nodes: its start-up and discovery are over by the swap
+            assert "qc" in cmds, "a swap needs the QC node"
+            swapper = SwapMonitor(swap, env, "/sol_control_qc", lockstep, STARTUP_TIMEOUT_S)
+        if sim_nice > 0:
+            os.nice(sim_nice)  # threads started from here on (renderer, DDS) inherit it
+        monitors = [ChaosMonitor(plan, sup, lockstep) for plan in chaos]
+        watchers = monitors + ([swapper] if swapper is not None else [])
+        listeners = [m.on_event for m in monitors]
+        t0 = time.monotonic()
         with Session(cfg, int(env["ROS_DOMAIN_ID"]), oracle=oracle, listeners=listeners) as session:
             if cmds:
                 _wait_for_nodes(session, sup, env, log_dir, progress)
             bridge = session.bridge
-            for m in monitors:
+            for m in watchers:
                 m.attach(bridge)
 
             def tick() -> bool:         # the cell's loop calls this between steps and while it waits
                 sup.poll()
-                for m in monitors:
+                for m in watchers:
                     m.tick()
                 if progress is not None:
                     progress.tick(bridge)
@@ -295,8 +357,12 @@ def closed_loop(cfg, tasks: tuple[str, ...], params: list[str], log_dir: Path, o
             summary.update(respawns=sup.respawns(), node_rss=sup.rss_report(warmup_s), rss_warmup_s=warmup_s)
             if monitors:
                 summary["chaos"] = {m.plan.task: m.report() for m in monitors}
+            if swapper is not None:
+                summary["swap"] = swapper.report()
             return summary, session.events
     finally:
+        if swapper is not None:
+            swapper.stop()
         sup.stop()
 
 

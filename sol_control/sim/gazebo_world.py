@@ -45,7 +45,7 @@ def qc_schedule(seed: int, cfg: ConveyorConfig, duration_s: float,
         t = n * timestep_s
         if t >= duration_s:
             return out
-        out.append((t, sample_qc_part(rng, cfg.defect_rate)))
+        out.append((t, sample_qc_part(rng, cfg.defect_rate, cfg.families)))
         gap = cfg.part_pitch_m + rng.uniform(-cfg.pitch_jitter_m, cfg.pitch_jitter_m)
         next_spawn_s = t + gap / cfg.belt_speed_mps
 

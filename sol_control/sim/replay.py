@@ -39,10 +39,10 @@ def read_bag(path: str | Path, tasks: tuple[str, ...]):
     with Reader(path) as reader:
         conns = [c for c in reader.connections if c.topic in kinds]
         for conn, stamp_ns, raw in reader.messages(connections=conns):
-            yield kinds[conn.topic], conn.topic, stamp_ns, _deserialize(store, raw, conn.msgtype)
+            yield kinds[conn.topic], conn.topic, stamp_ns, deserialize_cdr(store, raw, conn.msgtype)
 
 
-def _deserialize(store, raw: bytes, msgtype: str):
+def deserialize_cdr(store, raw: bytes, msgtype: str):
     """rosbags wants the exact CDR length; rclpy's payloads carry up to 3 bytes of alignment
     padding (not always zeroed). Drop them."""
     from rosbags.serde import SerdeError

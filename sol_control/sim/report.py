@@ -52,6 +52,7 @@ def build_report(summary: dict, meta: dict, energy: dict | None = None) -> dict:
         "policy": summary.get("policy", {}),
         "energy": energy or {},
         **({"chaos": summary["chaos"]} if "chaos" in summary else {}),
+        **({"swap": summary["swap"]} if "swap" in summary else {}),
     }
 
 
@@ -93,6 +94,7 @@ def table(r: dict) -> str:
     for task, st in sorted(r.get("stage_p50_ms", {}).items()):
         parts = [f"{k[:-3].replace('_', ' ')} {v:.1f}" for k, v in st.items()]
         rows.append((f"  {task} p50 ms by stage", ", ".join(parts)))
+    rows += _swap_rows(r.get("swap", {}))
     rows += _policy_rows(r.get("policy", {})) + _energy_rows(r.get("energy", {}))
     rows += _machine_rows(r.get("machine", {}))
     w, vw = max(len(k) for k, _ in rows), max(19, *(len(v) for _, v in rows))
@@ -112,6 +114,31 @@ def _machine_rows(m: dict) -> list[tuple[str, str]]:
     if not m:
         return []
     return [("CPU / native kernel variant", f"{m['cpu']}, {m['cores']} cores / {m['variant']}")]
+
+
+WHY_CHARS = 60   # a refused swap's reason, in the table
+
+
+def _swap_rows(s: dict) -> list[tuple[str, str]]:
+    """`--swap-qc`: the swap's answer, then the QC figures of each bundle that made verdicts."""
+    if not s:
+        return []
+    rows = [(f"QC bundle swap at {s['at_s']:g} s (sim)", "swapped" if s["successful"] else "refused")]
+    if not s["successful"]:  # in full in report.json and on the line after the table
+        why = s["reason"]
+        rows.append(("  why", why if len(why) <= WHY_CHARS else why[:WHY_CHARS - 1] + "…"))
+    if s["sent_t_s"] is not None:
+        rows.append(("  asked at / answered at (sim s)", f"{s['sent_t_s']:.2f} / "
+                     + (f"{s['done_t_s']:.2f}" if s["done_t_s"] is not None else "n/a")))
+    for sha, b in s["by_bundle"].items():
+        new = " (new)" if sha == s["to_sha256"] else ""
+        rows.append((f"  bundle {sha[:12] or 'unnamed'}{new}: verdicts / right / wrong / manual / no outcome",
+                     f"{b['verdicts']} / {b['right']} / {b['wrong']} / {b['manual']} / {b['no_outcome']}"))
+        rows.append(("    QC accuracy / deadline hit rate", f"{_pct(b['accuracy']).strip()} / "
+                                                            f"{_pct(b['deadline_hit_rate']).strip()}"))
+    rows.append(("  QC decisions / parts / parts without a verdict", f"{s['qc_decisions']} / {s['parts']} / "
+                                                                     f"{s['parts_without_verdict']}"))
+    return rows
 
 
 def _policy_rows(p: dict) -> list[tuple[str, str]]:

@@ -19,6 +19,9 @@ QC_PX_PER_M = QC_IMAGE_PX / QC_FOV_M  # 640 px/m -> 1.5625 mm per pixel
 BELT_RGB = (58, 62, 66)
 QC_PART_SIZE_M = (0.040, 0.120)  # largest part extent, all splits
 QC_PART_FAMILIES = ("plate", "ring", "bracket")
+# families the shipped QC policy never saw: the `novel` split, and a user's own parts in the proof
+# that `sol-control train` teaches them (docs/TRAINING.md)
+NOVEL_FAMILIES = ("hexnut", "tab")
 QC_DEFECTS = ("ok", "scratch", "crack", "missing_hole", "discoloration", "deformed")
 
 # --- Pick station -------------------------------------------------------------------------------
@@ -28,7 +31,8 @@ GRASP_PX_PER_M = GRASP_IMAGE_PX / GRASP_FOV_M  # 800 px/m -> 1.25 mm per pixel
 TABLE_RGB = (205, 200, 190)
 GRASP_SHAPES = ("box", "cylinder", "irregular")
 # Object height per family (the camera is top-down, so the family fixes the height).
-GRASP_HEIGHT_M = {"box": 0.050, "cylinder": 0.070, "irregular": 0.030}
+GRASP_HEIGHT_M = {"box": 0.050, "cylinder": 0.070, "irregular": 0.030, "wedge": 0.040}
+NOVEL_GRASP_SHAPES = ("wedge",)  # the grasp `novel` split: a triangular prism no bundle is trained on
 GRASP_WIDTH_MARGIN_M = 0.020  # gripper opening = object extent across the fingers + margin
 GRASP_APPROACH_DZ_M = (0.12, 0.06, 0.02)  # approach waypoints a1..a3 above the grasp point
 GRIPPER_MAX_WIDTH_M = 0.110
@@ -45,13 +49,19 @@ GRASP_RANGES = {
     "z": ("m", 0.0, 0.256, 0.003), "yaw": ("rad", -math.pi / 2, math.pi / 2, math.radians(5.0)),
     "width": ("m", 0.0, 0.128, 0.003), "force": ("N", 0.0, 64.0, 4.0),
 }
+# Fields whose token holds value - an observation feature: name -> (feature, low, high). Width is
+# the measured extent across the fingers plus a margin of 0.5 mm bins, so an object wider than any in
+# training still gets its width (absolute bins it never saw as a target could not be predicted).
+GRASP_RELATIVE = {"width": ("minor_m", -0.064, 0.064)}
 for _i in (1, 2, 3):
     GRASP_RANGES[f"a{_i}_x"] = ("m", -0.128, 0.128, 0.003)
     GRASP_RANGES[f"a{_i}_y"] = ("m", -0.128, 0.128, 0.003)
     GRASP_RANGES[f"a{_i}_z"] = ("m", 0.0, 0.256, 0.003)
 QC_RANGES = {"u": ("", 0.0, 1.0, 0.1), "v": ("", 0.0, 1.0, 0.1), "severity": ("", 0.0, 1.0, 0.2)}
 
-SPLITS = ("train", "test", "heldout")
+# novel: part families no bundle is trained on (NOVEL_FAMILIES), everything else as in training;
+# reported once, never tuned to
+SPLITS = ("train", "test", "heldout", "novel")
 
 
 def grasp_m_to_px(x_m: float, y_m: float) -> tuple[float, float]:

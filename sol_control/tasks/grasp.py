@@ -19,7 +19,7 @@ import numpy as np
 
 from ..perception import wrap_half_pi
 from .common import (GRASP_APPROACH_DZ_M, GRASP_HEIGHT_M, GRASP_IMAGE_PX, GRASP_SHAPES, GRASP_WIDTH_MARGIN_M,
-                     N_ARM_JOINTS, TABLE_RGB, grasp_m_to_px, rng_for)
+                     N_ARM_JOINTS, NOVEL_GRASP_SHAPES, TABLE_RGB, grasp_m_to_px, rng_for)
 from .qc import Lighting, apply_lighting
 
 SUPERSAMPLE = 4
@@ -29,7 +29,7 @@ HOME_JOINTS_RAD = (0.0, -1.2, 1.6, -1.97, -1.57, 0.0)
 # the pose widely, so the model learns to read the image, not the arm.
 PARKED_NOISE_RAD = 0.01
 TRAIN_POSE_NOISE_RAD = 0.4
-FORCE_BASE_N = {"box": 15.0, "cylinder": 12.0, "irregular": 8.0}
+FORCE_BASE_N = {"box": 15.0, "cylinder": 12.0, "irregular": 8.0, "wedge": 10.0}
 FORCE_PER_M2 = 2000.0
 TARGET_AREA_RATIO = 1.15
 TRAIN_HUES = ((0, 25), (90, 150), (200, 250))
@@ -99,7 +99,11 @@ def _footprint(shape: str, rng: np.random.Generator, heldout: bool) -> np.ndarra
         poly = poly - c
         cr, sr = math.cos(-ang), math.sin(-ang)  # align the long axis with +x
         return poly @ np.array([[cr, -sr], [sr, cr]]).T
-    raise ValueError(f"shape must be one of {GRASP_SHAPES}, got {shape!r}")
+    if shape == "wedge":  # an isosceles triangle, apex on +x, centred on its centroid
+        length = rng.uniform(0.045, 0.085)
+        base = length / rng.uniform(1.6, 2.4)
+        return np.array([[2 * length / 3, 0.0], [-length / 3, -base / 2], [-length / 3, base / 2]])
+    raise ValueError(f"shape must be one of {GRASP_SHAPES + NOVEL_GRASP_SHAPES}, got {shape!r}")
 
 
 def _colour(rng: np.random.Generator, heldout: bool) -> tuple[int, int, int]:
@@ -122,14 +126,15 @@ def _separated(poly: np.ndarray, placed: list[np.ndarray], gap_m: float) -> bool
     return True
 
 
-def sample_scene(rng: np.random.Generator, heldout: bool, pose_noise_rad: float = PARKED_NOISE_RAD) -> GraspScene:
+def sample_scene(rng: np.random.Generator, heldout: bool, pose_noise_rad: float = PARKED_NOISE_RAD,
+                 shapes: tuple[str, ...] = GRASP_SHAPES) -> GraspScene:
     n_obj = int(rng.choice([1, 2, 3, 4], p=[0.3, 0.3, 0.25, 0.15]))
     while True:
         objs: list[GraspObject] = []
         placed: list[np.ndarray] = []
         for _ in range(n_obj):
             for _attempt in range(40):
-                shape = GRASP_SHAPES[int(rng.integers(len(GRASP_SHAPES)))]
+                shape = shapes[int(rng.integers(len(shapes)))]
                 fp = _footprint(shape, rng, heldout)
                 ob = GraspObject(shape, fp, GRASP_HEIGHT_M[shape], float(rng.uniform(-0.075, 0.075)),
                                  float(rng.uniform(-0.075, 0.075)), float(rng.uniform(-math.pi, math.pi)),
@@ -204,7 +209,8 @@ def _shrink(poly: np.ndarray, d_m: float) -> np.ndarray:
 
 def make_sample(split: str, index: int) -> GraspSample:
     rng = rng_for(split, index)
-    scene = sample_scene(rng, split == "heldout", TRAIN_POSE_NOISE_RAD if split == "train" else PARKED_NOISE_RAD)
+    scene = sample_scene(rng, split == "heldout", TRAIN_POSE_NOISE_RAD if split == "train" else PARKED_NOISE_RAD,
+                         NOVEL_GRASP_SHAPES if split == "novel" else GRASP_SHAPES)
     i, label = teacher(scene)
     image = render(scene, rng)
     return GraspSample(image, scene.joints_rad.copy(), scene, i, label)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from .common import (BELT_RGB, QC_DEFECTS, QC_IMAGE_PX, QC_PART_FAMILIES, QC_PX_PER_M, qc_m_to_px,
+from .common import (BELT_RGB, NOVEL_FAMILIES, QC_DEFECTS, QC_IMAGE_PX, QC_PART_FAMILIES, QC_PX_PER_M, qc_m_to_px,
                      rng_for)
 
 TEX_PX_PER_M = 4 * QC_PX_PER_M  # texture resolution: 4x the camera, for anti-aliasing
@@ -31,7 +31,7 @@ HELDOUT_HUES = ((22, 40), (160, 190), (270, 320))
 
 @dataclass(frozen=True)
 class PartSpec:
-    family: str  # plate | ring | bracket
+    family: str  # plate | ring | bracket (training), hexnut | tab (NOVEL_FAMILIES)
     size_m: float  # largest extent of the part
     rgb: tuple[int, int, int]
     defect: str = "ok"
@@ -80,8 +80,18 @@ def part_geometry(spec: PartSpec) -> tuple[np.ndarray, list[np.ndarray], tuple[f
         outer = np.array([[-h, -h], [h, -h], [h, -h + leg], [-h + leg, -h + leg], [-h + leg, h], [-h, h]])
         r = 0.075 * s
         holes = [_circle(0.3 * s, -h + leg / 2, r), _circle(-h + leg / 2, 0.3 * s, r)]
+    elif spec.family == "hexnut":  # a hexagon, corner to corner s, one round hole
+        t = np.arange(6) * math.pi / 3
+        outer = np.stack([s / 2 * np.cos(t), s / 2 * np.sin(t)], axis=1)
+        holes = [_circle(0.0, 0.0, 0.22 * s)]
+    elif spec.family == "tab":  # a slot-ended strip, length s, width s / 2.4, three holes in a row
+        w = s / 2.4
+        t = np.linspace(-math.pi / 2, math.pi / 2, 16)
+        right = np.stack([(s - w) / 2 + w / 2 * np.cos(t), w / 2 * np.sin(t)], axis=1)
+        outer = np.concatenate([right, -right])
+        holes = [_circle(x * s, 0.0, 0.09 * s) for x in (-0.3, 0.0, 0.3)]
     else:
-        raise ValueError(f"family must be one of {QC_PART_FAMILIES}, got {spec.family!r}")
+        raise ValueError(f"family must be one of {QC_PART_FAMILIES + NOVEL_FAMILIES}, got {spec.family!r}")
     scale = (1.0, 1.0)
     rng = np.random.default_rng(spec.seed)
     if spec.defect == "deformed":
@@ -315,8 +325,8 @@ def sample_lighting(rng: np.random.Generator, heldout: bool) -> Lighting:
                     float(rng.uniform(0.0, 0.7)), float(rng.uniform(0.0, 3.0)))
 
 
-def sample_spec(rng: np.random.Generator, heldout: bool) -> PartSpec:
-    family = QC_PART_FAMILIES[int(rng.integers(len(QC_PART_FAMILIES)))]
+def sample_spec(rng: np.random.Generator, heldout: bool, families: tuple[str, ...] = QC_PART_FAMILIES) -> PartSpec:
+    family = families[int(rng.integers(len(families)))]
     if heldout:
         size = rng.uniform(0.040, 0.045) if rng.random() < 0.5 else rng.uniform(0.110, 0.120)
     else:
@@ -328,11 +338,13 @@ def sample_spec(rng: np.random.Generator, heldout: bool) -> PartSpec:
                     int(rng.integers(2**31)))
 
 
-def make_sample(split: str, index: int) -> QCSample:
-    """One labelled scene; deterministic in (split, index)."""
+def make_sample(split: str, index: int, family: str | None = None) -> QCSample:
+    """One labelled scene; deterministic in (split, index). `family`: this part family instead of
+    the split's (the `novel` split draws from NOVEL_FAMILIES)."""
     rng = rng_for(split, index)
     heldout = split == "heldout"
-    spec = sample_spec(rng, heldout)
+    families = (family,) if family else NOVEL_FAMILIES if split == "novel" else QC_PART_FAMILIES
+    spec = sample_spec(rng, heldout, families)
     center = (float(rng.uniform(-0.005, 0.005)), float(rng.uniform(-0.005, 0.005)))
     yaw = float(rng.uniform(0, 2 * math.pi))
     light = sample_lighting(rng, heldout)

@@ -1,61 +1,22 @@
 """`sol-control train`: the command line and its typed configuration (imports no torch; the run does).
 
     sol-control train --folder DIR --out BUNDLE [--bundle models/qc | --from-scratch] [--epochs N]
+    sol-control train --mcap BAG --labels CSV --out BUNDLE ...   (frames of a recorded line, by stamp)
 """
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-FINETUNE = {"epochs": 20, "lr": 1e-3}  # from the shipped target
-SCRATCH = {"epochs": 30, "lr": 3e-3}  # a new target (the shipped recipe's lr); 60 overfit 800 images
-HEADS_STEPS = 600  # draft heads on the finished (frozen) target
-
-
-class TrainConfig(BaseModel):
-    """Everything one run reads. Invalid values raise ValueError naming the field and the value."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    folder: Path
-    out: Path
-    bundle: Path | None = None  # the starting (or, --from-scratch, template) bundle; None = the shipped QC one
-    positions: Path | None = None  # None: FOLDER/positions.csv when it exists
-    from_scratch: bool = False
-    name: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
-    epochs: int | None = Field(None, ge=1, le=10000)  # None: FINETUNE or SCRATCH
-    lr: float | None = Field(None, gt=0.0, le=0.1)
-    batch: int = Field(64, ge=1, le=4096)
-    val_fraction: float = Field(0.2, gt=0.0, le=0.5)
-    seed: int = Field(0, ge=0)
-    heads_weight: float = Field(0.5, ge=0.0, le=10.0)
-    heads_steps: int = Field(HEADS_STEPS, ge=0, le=100000)
-    decisions: int = Field(20, ge=1, le=10000)
-    work: Path | None = None  # None: OUT.work next to the bundle
-    overwrite: bool = False
-
-    @model_validator(mode="after")
-    def _out(self) -> "TrainConfig":
-        if self.out.exists() and not self.overwrite:
-            raise ValueError(f"out: {self.out} exists; pick another folder or pass --overwrite")
-        if self.out.resolve() == self.folder.resolve() or self.folder.resolve() in self.out.resolve().parents:
-            raise ValueError(f"out: {self.out} must not lie inside the image folder {self.folder}")
-        return self
-
-    @property
-    def recipe(self) -> dict:
-        base = SCRATCH if self.from_scratch else FINETUNE
-        return {"epochs": self.epochs or base["epochs"], "lr": self.lr or base["lr"]}
-
-    @property
-    def work_dir(self) -> Path:
-        return self.work or self.out.with_name(self.out.name + ".work")
-
+from .config import FINETUNE, HEADS_STEPS, SCRATCH, TrainConfig
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--folder", required=True, type=Path,
+    p.add_argument("--folder", type=Path, default=None,
                    help="labelled images: good/, defect/<kind>/, optional positions.csv (docs/TRAINING.md)")
+    p.add_argument("--mcap", type=Path, default=None,
+                   help="or a recording (rosbag2 folder, MCAP or sqlite3) whose QC camera frames --labels labels")
+    p.add_argument("--labels", type=Path, default=None, help="with --mcap: CSV stamp_ns,label[,u,v]")
+    p.add_argument("--topic", default="qc/camera/image_raw", help="with --mcap: the QC camera's image topic")
     p.add_argument("--out", required=True, type=Path, help="the bundle folder to write")
     p.add_argument("--bundle", type=Path, default=None,
                    help="start from this QC bundle's fp32 target (default: the shipped models/qc)")

@@ -3,7 +3,7 @@
 Observation tokens come first (`tasks.common.feature_config`), then the action tokens. QC: the
 class is one categorical token over `labels` (the shipped bundle's six, or a user's own classes
 with `sol-control train --from-scratch`), then u, v and severity share one 256-bin range. Grasp: 15
-fields share one 256-bin range. The vocabulary is rounded up to a multiple of 16.
+fields share one 256-bin range; width's bins are relative to the measured extent (`GRASP_RELATIVE`). The vocabulary is rounded up to a multiple of 16.
 """
 from __future__ import annotations
 
@@ -29,8 +29,12 @@ def _grasp_fields(a0: int) -> tuple[list[dict], int]:
     fields = []
     for name in common.GRASP_FIELDS:
         unit, low, high, tol = common.GRASP_RANGES[name]
+        extra = {}
+        if name in common.GRASP_RELATIVE:
+            base, low, high = common.GRASP_RELATIVE[name]
+            extra = {"relative_to": base}
         fields.append(dict(name=name, kind="bins", token_offset=a0, size=common.ACTION_BINS,
-                           unit=unit, low=low, high=high, tolerance=tol))
+                           unit=unit, low=low, high=high, tolerance=tol, **extra))
     return fields, a0 + common.ACTION_BINS
 
 
@@ -50,4 +54,6 @@ def layout(task: str, labels: tuple[str, ...] | None = None) -> dict:
 
 
 def action_tokenizer(task: str, labels: tuple[str, ...] | None = None) -> ActionTokenizer:
-    return ActionTokenizer(task, tuple(ActionField(**f) for f in layout(task, labels)["actions"]))
+    lay = layout(task, labels)
+    return ActionTokenizer(task, tuple(ActionField(**f) for f in lay["actions"]),
+                           features=tuple(lay["observation"]["features"]))

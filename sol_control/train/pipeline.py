@@ -15,7 +15,6 @@ import json
 import math
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,44 +23,13 @@ from sol_control.actions import ActionTokenizer
 from sol_control.bundle import ActionField, Bundle
 from sol_control.config import QC_CLASS_NAME, shipped_bundle
 from sol_control.perception import ObservationTokenizer
+from sol_control.tasks import labelled_folder as F
 
-from . import folder as F
-from .command import TrainConfig
+from .config import TrainConfig
 from .layout import layout
+from .run import Inputs, Log, Trained
 
 DEFAULT_HEADS = 3  # QC's (tools/make_models.py HEADS)
-
-
-class Log:
-    """Stage lines with the run's elapsed time."""
-
-    def __init__(self):
-        self.t0 = time.monotonic()
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.t0
-
-    def __call__(self, msg: str) -> None:
-        print(f"[train {self.elapsed():6.0f} s] {msg}", flush=True)
-
-
-@dataclass
-class Inputs:
-    """The folder through perception, and the split (indices into `enc`)."""
-
-    folder: F.LabelledFolder
-    enc: F.Encoded
-    train: np.ndarray  # images perception found a part in
-    val: np.ndarray  # all the validation images (a missing part counts as a wrong answer)
-
-    def prefixes(self, idx: np.ndarray) -> np.ndarray:
-        rows = [self.enc.prefixes[i] for i in idx if self.enc.prefixes[i] is not None]
-        if not rows:
-            raise ValueError(f"folder {self.folder.root}: perception finds no part in any image of this split")
-        return np.stack(rows)
-
-    def labels(self, idx: np.ndarray, usable_only: bool = True) -> list[dict]:
-        return [self.enc.labels[i] for i in idx if self.enc.prefixes[i] is not None or not usable_only]
 
 
 def bundle_layout(cfg: TrainConfig, start: Bundle, folder: F.LabelledFolder) -> dict:
@@ -231,20 +199,6 @@ def refresh_heads(cfg: TrainConfig, model, heads, train: dict, val: tuple, k: in
     return arrays, info
 
 
-@dataclass
-class Trained:
-    """What training hands to the bundle writer."""
-
-    inputs: Inputs
-    lay: dict
-    model: object  # transformers LlamaForCausalLM
-    heads: dict  # w1, w2 arrays
-    k: int
-    records: dict  # training, heads
-    timing: dict
-    val_answers: np.ndarray  # [N, A] the trained target's greedy answers to the usable validation images
-
-
 def train_target(cfg: TrainConfig, start: Bundle, log: Log) -> Trained:
     """Read the folder, train the target and its heads (resuming from the work dir's checkpoint)."""
     from .model import greedy_batch
@@ -266,6 +220,25 @@ def train_target(cfg: TrainConfig, start: Bundle, log: Log) -> Trained:
     return Trained(inputs, lay, model, arrays, k, records, timing, answers)
 
 
+def recorded_frames(cfg: TrainConfig, log: Log) -> TrainConfig:
+    """--mcap: the recording's labelled frames as a folder in the work dir, written again only when
+    the recording, the labels or the topic changed (so a stopped run still goes on from its checkpoint)."""
+    from .mcap import frames_to_folder
+
+    frames, h = cfg.work_dir / "frames", hashlib.sha256(cfg.labels.read_bytes())
+    for p in sorted(cfg.mcap.rglob("*")):
+        st = p.stat()
+        h.update(f"{p.relative_to(cfg.mcap)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+    h.update(cfg.topic.encode())
+    mark = frames / ".source"
+    if not (mark.is_file() and mark.read_text() == h.hexdigest()):
+        shutil.rmtree(frames, ignore_errors=True)
+        counts = frames_to_folder(cfg.mcap, cfg.labels, frames, cfg.topic)
+        log(f"{cfg.mcap}: {counts['labelled']} labelled frames of {counts['frames']} on {cfg.topic} -> {frames}")
+        mark.write_text(h.hexdigest())
+    return cfg.model_copy(update={"folder": frames})
+
+
 def train_bundle(cfg: TrainConfig) -> dict:
     """The whole run; the bundle appears at cfg.out only when everything in it is written and
     checked. Returns the report (report["verdict"] is "ok" unless a quantized graph was refused)."""
@@ -274,6 +247,8 @@ def train_bundle(cfg: TrainConfig) -> dict:
 
     log = Log()
     start = Bundle.load(cfg.bundle or shipped_bundle("qc"))
+    if cfg.mcap is not None:
+        cfg = recorded_frames(cfg, log)
     trained = train_target(cfg, start, log)
     tmp = partial_dir(cfg.out)
     try:

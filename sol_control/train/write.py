@@ -8,17 +8,13 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from sol_control.bundle import Bundle, write_manifest
 from sol_control.config import shipped_bundle
 
-from .command import TrainConfig
-
-if TYPE_CHECKING:
-    from .pipeline import Inputs, Log, Trained
+from .config import TrainConfig
+from .run import Inputs, Log, Trained
 
 TARGET_FP32 = "target_fp32.onnx"
 REFERENCE = "reference.npz"
@@ -30,7 +26,7 @@ def export_graphs(model, arrays: dict, lo: int, out: Path, calib: np.ndarray, n_
     """The Optimum fp32 export, the fused fp32 / int4 graphs with the heads, the int8 one with
     static activations calibrated on `calib` (training prefixes + the target's greedy answers), and
     reference.npz (the node's warm-up prefixes). A record for the manifest."""
-    from sol_control.graph.calibrate import SMOOTH_ALPHA, static_int8
+    from sol_control.train.calibrate import SMOOTH_ALPHA, static_int8
     from sol_control.graph.from_onnx import read_decoder
     from sol_control.graph.weights import DraftHeads
 
@@ -54,7 +50,12 @@ def export_graphs(model, arrays: dict, lo: int, out: Path, calib: np.ndarray, n_
 
 
 def bundle_name(cfg: TrainConfig) -> str:
-    return cfg.name or f"sol_control-qc-{cfg.folder.resolve().name}"
+    return cfg.name or f"sol_control-qc-{source(cfg).resolve().name}"
+
+
+def source(cfg: TrainConfig) -> Path:
+    """Where the images came from: the folder, or the recording its frames were taken from."""
+    return cfg.mcap or cfg.folder
 
 
 def how_trained(cfg: TrainConfig) -> str:
@@ -69,7 +70,7 @@ def manifest_dict(cfg: TrainConfig, lay: dict, model, k: int, precisions: tuple[
     files = [TARGET_FP32, *(FUSED[p] for p in precisions), REFERENCE] + [GUESSES] * guesses
     return {"name": bundle_name(cfg), "task": "qc",
             "description": f"Belt QC ({', '.join(lay['actions'][0]['labels'])}), {how_trained(cfg)} on the images "
-                           f"of {cfg.folder.resolve().name} (sol-control train).",
+                           f"of {source(cfg).resolve().name} (sol-control train).",
             "max_context": lay["max_context"], "vocab": lay["vocab"], "opset": 23,
             "target": spec(model, {"fp32": TARGET_FP32}, fused={p: FUSED[p] for p in precisions}, draft_heads=k,
                            **({"guesses": GUESSES} if guesses else {})),
@@ -213,7 +214,8 @@ def write_bundle(cfg: TrainConfig, t: Trained, out: Path, log: Log) -> dict:
 
 def data_record(cfg: TrainConfig, inputs: Inputs) -> dict:
     enc, folder = inputs.enc, inputs.folder
-    return {"folder": str(cfg.folder), "images": len(enc.items),
+    recording = {"mcap": str(cfg.mcap), "labels": str(cfg.labels), "topic": cfg.topic} if cfg.mcap else {}
+    return {"folder": str(cfg.folder), **recording, "images": len(enc.items),
             "per_class": {c: folder.count(c) for c in folder.classes},
             "with_position": sum(math.isfinite(lab["u"]) for lab in enc.labels),
             "positions": str(folder.positions) if folder.positions else None,
