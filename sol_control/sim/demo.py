@@ -346,24 +346,33 @@ def closed_loop(cfg, tasks: tuple[str, ...], params: list[str], log_dir: Path, o
             if progress is not None and not progress.quiet:
                 print("\r" + progress.line(bridge), flush=True)
             if snapshot is not None:
-                import cv2
-
-                snapshot.parent.mkdir(parents=True, exist_ok=True)
-                cv2.imwrite(str(snapshot), bridge.cell.render_overview()[..., ::-1])
+                _save_overview(bridge, snapshot)
             if not sup.alive():
                 why = sup.gave_up or {t: e[-1] for t, e in sup.respawns().items() if e}
                 raise ValueError(f"coprocessor exited during the run: {why} (logs in {log_dir})")
-            warmup_s = min(60.0, max(5.0, 0.2 * (time.monotonic() - t0)))
-            summary.update(respawns=sup.respawns(), node_rss=sup.rss_report(warmup_s), rss_warmup_s=warmup_s)
-            if monitors:
-                summary["chaos"] = {m.plan.task: m.report() for m in monitors}
-            if swapper is not None:
-                summary["swap"] = swapper.report()
-            return summary, session.events
+            return _with_run_figures(summary, sup, time.monotonic() - t0, monitors, swapper), session.events
     finally:
         if swapper is not None:
             swapper.stop()
         sup.stop()
+
+
+def _save_overview(bridge, path: Path) -> None:
+    import cv2
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cv2.imwrite(str(path), bridge.cell.render_overview()[..., ::-1])
+
+
+def _with_run_figures(summary: dict, sup: NodeSupervisor, run_s: float, monitors: list, swapper) -> dict:
+    """The bridge summary plus the nodes' respawns and memory, and the chaos and swap reports."""
+    warmup_s = min(60.0, max(5.0, 0.2 * run_s))
+    summary.update(respawns=sup.respawns(), node_rss=sup.rss_report(warmup_s), rss_warmup_s=warmup_s)
+    if monitors:
+        summary["chaos"] = {m.plan.task: m.report() for m in monitors}
+    if swapper is not None:
+        summary["swap"] = swapper.report()
+    return summary
 
 
 def _wait_for_nodes(session, sup: NodeSupervisor, env: dict, log_dir: Path, progress) -> None:
