@@ -44,6 +44,9 @@ QC_FEATURES = (
     ("stain_u", 64, 0.0, 1.0, "linear"), ("stain_v", 64, 0.0, 1.0, "linear"),
     ("part_u", 64, 0.0, 1.0, "linear"), ("part_v", 64, 0.0, 1.0, "linear"),
 )
+# observation kinds -> perception version: 2 looks for stains nearer the rim and through one clipped
+# channel (held-out parts of 40 mm and under strong light); a bundle made before keeps version 1
+KINDS = {"binned_features/1": 1, "binned_features/2": 2}
 # Measured too, for bundles made before a feature was replaced: the absolute part area (image
 # shares) tied decisions to the sizes trained on; `compactness` took its place
 QC_LEGACY_FEATURES = ("area",)
@@ -209,14 +212,21 @@ def _channel_min(a: np.ndarray) -> np.ndarray:
     return np.minimum(np.minimum(a[..., 0], a[..., 1]), a[..., 2])
 
 
-def _qc_stain(f: dict, img: np.ndarray, surface: np.ndarray, n: int) -> None:
-    """Chroma deviation (discoloration) into `f`; lighting gain and gradients do not change chroma.
-    `surface`: the part without a 1-px rim and hole edges (a stain on a small part sits near them)."""
+def _stain_core(img: np.ndarray, filled: np.ndarray, holes_mask: np.ndarray, version: int) -> np.ndarray:
+    """Where a stain is looked for. Version 2 (`binned_features/2`): the part without a 1-px rim and
+    hole edges (a stain on a small part sits near them), and a pixel clipped in every channel has no
+    chroma, while one clipped channel (a bright part under strong light) is clipped all over the part,
+    so its chroma still compares. Version 1 (bundles made before): 2 px off, no channel clipped."""
+    k, clipped = (3, _channel_min) if version >= 2 else (5, _channel_max)
+    surface = cv2.erode(filled, _ellipse(k)) & (1 - cv2.dilate(holes_mask, _ellipse(k)))
+    return (surface > 0) & (clipped(img) < 250)
+
+
+def _qc_stain(f: dict, img: np.ndarray, core: np.ndarray, n: int) -> None:
+    """Chroma deviation (discoloration) on `core` into `f`; lighting gain and gradients do not
+    change chroma."""
     total = np.maximum(_channel_sum(img), 1.0)
     chroma = [img[..., c] / total for c in range(3)]  # planes: img / total[..., None], bit for bit
-    # a pixel clipped in every channel has no chroma; one clipped channel (a bright part under strong
-    # light) is clipped all over the part, so its chroma still compares
-    core = (surface > 0) & (_channel_min(img) < 250)
     f.update(stain_frac=0.0, stain_max=0.0, stain_u=f["part_u"], stain_v=f["part_v"])
     if core.sum() < 20:
         return
@@ -233,8 +243,9 @@ def _qc_stain(f: dict, img: np.ndarray, surface: np.ndarray, n: int) -> None:
         f["stain_v"] = float((ys + 0.5) @ wts / wts.sum()) / n
 
 
-def qc_features(image: np.ndarray) -> dict[str, float]:
-    """Engineered features of the (largest) part in a QC image [128, 128, 3] uint8."""
+def qc_features(image: np.ndarray, version: int = 2) -> dict[str, float]:
+    """Engineered features of the (largest) part in a QC image [128, 128, 3] uint8; `version`: the
+    bundle's observation kind (`binned_features/<version>`)."""
     img = image.astype(np.float32)
     n = img.shape[0]
     bg = np.median(_border(img), axis=0)  # [3] belt colour under this lighting
@@ -244,7 +255,7 @@ def qc_features(image: np.ndarray) -> dict[str, float]:
     f, size_px = _qc_shape(outer, filled, holes_mask, n)
     inner = cv2.erode(filled, _ellipse(5)) & (1 - cv2.dilate(holes_mask, _ellipse(5)))
     _qc_lines(f, gray, bg, part, filled, inner, size_px, n)
-    _qc_stain(f, img, cv2.erode(filled, _ellipse(3)) & (1 - cv2.dilate(holes_mask, _ellipse(3))), n)
+    _qc_stain(f, img, _stain_core(img, filled, holes_mask, version), n)
     return f
 
 
@@ -349,10 +360,11 @@ class ObservationTokenizer:
     so their KV cache is reused across frames) and the special ids (`vocab.bos`, `vocab.sep`)."""
 
     def __init__(self, config: dict[str, Any], bos: int, sep: int):
-        if config.get("kind") != "binned_features/1" or config.get("task") not in ("qc", "grasp"):
+        if config.get("kind") not in KINDS or config.get("task") not in ("qc", "grasp"):
             raise ValueError(f"observation config: unsupported kind/task "
                              f"{config.get('kind')!r}/{config.get('task')!r}")
         self.config = config
+        self.version = KINDS[config["kind"]]
         self.task = config["task"]
         self.image_px = int(config["image_px"])
         self.features = list(config["features"])
@@ -377,7 +389,7 @@ class ObservationTokenizer:
     def measure(self, image_rgb: np.ndarray, joints_rad: np.ndarray | None = None) -> dict[str, float]:
         img = square_resize(image_rgb, self.image_px)
         if self.task == "qc":
-            return qc_features(img)
+            return qc_features(img, self.version)
         return grasp_features(img, joints_rad, self.px_per_m, self.n_joints)
 
     def tokens_from_features(self, f: dict[str, float]) -> np.ndarray:

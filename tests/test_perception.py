@@ -144,3 +144,19 @@ def test_the_manifest_decides_special_tokens_static_prefix_and_calibration():
     f2 = ObservationTokenizer(twice, BOS, SEP).measure(s.image, s.joints_rad)
     assert f2["x"] == pytest.approx(f1["x"] / 2) and f2["minor_m"] == pytest.approx(f1["minor_m"] / 2)
     assert base.n_joints == common.N_ARM_JOINTS
+
+
+def test_a_bundle_keeps_the_perception_it_was_trained_with():
+    """binned_features/2 looks for stains 1 px from the rim and through one clipped channel; a
+    bundle whose manifest says binned_features/1 gets the measurement it was trained on."""
+    cfg2 = feature_config("qc")
+    assert cfg2["kind"] == "binned_features/2"
+    cfg1 = {**cfg2, "kind": "binned_features/1"}
+    t1, t2 = ObservationTokenizer(cfg1, BOS, SEP), ObservationTokenizer(cfg2, BOS, SEP)
+    small = qc.make_sample("heldout", 374)  # a 43 mm bracket, its stain at a hole's edge
+    assert small.label["defect"] == "discoloration"
+    f1, f2 = t1.measure(small.image), t2.measure(small.image)
+    assert f1 == qc_features(small.image, 1) and f2 == qc_features(small.image, 2)
+    assert f2["stain_max"] > 0.1 > f1["stain_max"]  # version 2 sees it, version 1 did not
+    with pytest.raises(ValueError, match="unsupported kind"):
+        ObservationTokenizer({**cfg2, "kind": "binned_features/9"}, BOS, SEP)
