@@ -102,3 +102,12 @@ def test_the_train_command_takes_a_recording_once_and_keeps_its_frames(recording
     again = recorded_frames(cfg, Log())  # the same recording: the frames are kept (a run can resume)
     assert again.folder == got.folder
     assert first is None or (got.folder / "good").stat().st_mtime_ns == first
+
+
+def test_a_missing_recording_or_label_file_is_named(recording, tmp_path):
+    bag, truth = recording
+    labels = _labels(tmp_path / "labels.csv", truth)
+    with pytest.raises(ValueError, match="not a rosbag2 folder"):
+        recorded_frames(TrainConfig(mcap=tmp_path / "nope", labels=labels, out=tmp_path / "b"), Log())
+    with pytest.raises(ValueError, match="no such file"):
+        recorded_frames(TrainConfig(mcap=bag, labels=tmp_path / "none.csv", out=tmp_path / "b"), Log())

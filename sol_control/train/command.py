@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from .config import FINETUNE, HEADS_STEPS, SCRATCH, TrainConfig
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,8 +41,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def config_from(args: argparse.Namespace) -> TrainConfig:
+    """The typed configuration; ValueError with pydantic's messages alone (field: what is wrong)."""
     fields = set(TrainConfig.model_fields)
-    return TrainConfig(**{k: v for k, v in vars(args).items() if k in fields})
+    try:
+        return TrainConfig(**{k: v for k, v in vars(args).items() if k in fields})
+    except ValidationError as e:
+        raise ValueError("; ".join((f"{'.'.join(map(str, err['loc']))}: " if err["loc"] else "")
+                                   + err["msg"].removeprefix("Value error, ") for err in e.errors())) from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -225,6 +225,10 @@ def recorded_frames(cfg: TrainConfig, log: Log) -> TrainConfig:
     the recording, the labels or the topic changed (so a stopped run still goes on from its checkpoint)."""
     from .mcap import frames_to_folder
 
+    if not cfg.mcap.is_dir():
+        raise ValueError(f"--mcap {cfg.mcap}: not a rosbag2 folder")
+    if not cfg.labels.is_file():
+        raise ValueError(f"--labels {cfg.labels}: no such file")
     frames, h = cfg.work_dir / "frames", hashlib.sha256(cfg.labels.read_bytes())
     for p in sorted(cfg.mcap.rglob("*")):
         st = p.stat()
