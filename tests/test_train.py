@@ -204,7 +204,7 @@ def test_quantized_graph_refused_below_fp32_by_half_a_point_and_two_images():
 
 
 def test_refused_graph_is_not_written(tmp_path):
-    from sol_control.train.export import FUSED
+    from sol_control.train.layout import FUSED
     from sol_control.train.write import check_quantized
 
     for name in FUSED.values():
@@ -226,6 +226,7 @@ def test_validation_split_is_stratified_and_seeded():
     assert not np.array_equal(val, F.stratified_split(classes, 0.2, seed=4)[1])
 
 
+@pytest.mark.slow  # imports torch and transformers (~5 s on 2 cores)
 def test_unknown_answer_tokens_are_filled_within_their_fields():
     from sol_control.train.data import UNKNOWN, action_targets, known_tokens
     from sol_control.train.layout import action_tokenizer
@@ -260,6 +261,7 @@ def test_positions_move_into_the_square_perception_keeps():
     assert math.isnan(u) and math.isnan(v)
 
 
+@pytest.mark.slow  # imports torch and transformers (~5 s on 2 cores)
 def test_a_run_goes_on_from_its_checkpoint_as_if_it_had_not_stopped(tmp_path):
     import torch
 

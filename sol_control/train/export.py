@@ -26,10 +26,10 @@ import torch
 from torch import nn
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
+from .layout import FUSED
 from .model import n_params
 
 MAX_SINGLE_FILE_BYTES = 2_000_000_000  # protobuf limit is 2 GiB; above it weights go to external data
-FUSED = {p: f"target_fused_{p}.onnx" for p in ("fp32", "int8", "int4")}
 
 
 def io_names(n_layers: int) -> tuple[list[str], list[str]]:

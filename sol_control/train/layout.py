@@ -15,6 +15,9 @@ from sol_control.tasks import common
 from sol_control.tasks.common import BOS, EOS, SEP, feature_config
 
 
+FUSED = {p: f"target_fused_{p}.onnx" for p in ("fp32", "int8", "int4")}  # a bundle's fused graph files
+
+
 def _qc_fields(a0: int, labels: tuple[str, ...]) -> tuple[list[dict], int]:
     fields = [dict(name="defect", kind="categorical", token_offset=a0, size=len(labels), labels=list(labels))]
     bins0 = a0 + len(labels)

@@ -200,9 +200,8 @@ def refresh_heads(cfg: TrainConfig, model, heads, train: dict, val: tuple, k: in
 
 
 def train_target(cfg: TrainConfig, start: Bundle, log: Log) -> Trained:
-    """Read the folder, train the target and its heads (resuming from the work dir's checkpoint)."""
-    from .model import greedy_batch
-
+    """Read the folder, train the target and its heads (resuming from the work dir's checkpoint).
+    The folder is read and checked before torch is imported, so bad input is named at once."""
     inputs, lay = read_inputs(cfg, start, log)
     timing = {"read_s": round(log.elapsed(), 1)}
     work = prepare_work(cfg, fingerprint(cfg, inputs, start), log)
@@ -213,6 +212,8 @@ def train_target(cfg: TrainConfig, start: Bundle, log: Log) -> Trained:
     records = {"training": fit(cfg, model, heads, train, val, lay["vocab"]["action"][0], work, log)}
     timing["train_s"] = records["training"]["train_s"]
     t0 = time.monotonic()
+    from .model import greedy_batch
+
     answers = greedy_batch(model, val["prefix"], val["actions"].shape[1])
     arrays, records["heads"] = refresh_heads(cfg, model, heads, train, (val["prefix"], answers), k,
                                              tuple(lay["vocab"]["action"]), log)

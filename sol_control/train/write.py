@@ -121,7 +121,7 @@ def before(cfg: TrainConfig, inputs: Inputs) -> dict | None:
 def check_quantized(rows: dict[str, dict], n: int, out: Path) -> dict[str, dict]:
     """report.quantized_verdict for int8 and int4; a refused graph's file is deleted from `out`
     and its rows are marked."""
-    from .export import FUSED
+    from .layout import FUSED
     from .report import quantized_verdict
 
     verdicts = {}
