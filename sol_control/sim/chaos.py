@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 
 from sol_control.budget import NS_PER_S
+from sol_control.sim.clocking import TimedAction
 
 KILL_WINDOW = (0.3, 0.6)    # fraction of the run's sim time in which the kill falls
 TASKS = ("qc", "grasp")
@@ -37,26 +38,20 @@ class ChaosPlan:
         return cls(task, round(u * duration_s, 3))
 
 
-class ChaosMonitor:
+class ChaosMonitor(TimedAction):
     def __init__(self, plan: ChaosPlan, supervisor, lockstep: bool):
-        self.plan, self.supervisor, self.lockstep = plan, supervisor, lockstep
-        self.bridge = None
+        super().__init__(lockstep)
+        self.plan, self.supervisor = plan, supervisor
         self.kill_mono_s: float | None = None
         self.kill_t_s: float | None = None
         self.after_kill_s: dict[str, float] = {}
         self.first_decision_t_s: float | None = None
 
-    def attach(self, bridge) -> None:
-        self.bridge = bridge
-        if self.lockstep:
-            bridge.before_image.append(self._before_image)
+    def on_tick(self) -> None:
+        """Real time: kill once the moment has come."""
+        self._kill_if_due()
 
-    def tick(self) -> None:
-        """Called from the cell's loop (real time): kill once the moment has come."""
-        if not self.lockstep:
-            self._kill_if_due()
-
-    def _before_image(self, task: str) -> None:
+    def before_image(self, task: str) -> None:
         if task == self.plan.task:
             self._kill_if_due(wait=True)
 

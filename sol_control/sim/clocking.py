@@ -121,3 +121,27 @@ class ClockingMixin:
                 wall0 += time.monotonic() - t0        # sim time stands still while the camera renders:
             if self.cell.n_steps % self.steps_per_tick == 0:   # the image is published at its stamp
                 executor.spin_once(timeout_sec=0.0)
+
+
+class TimedAction:
+    """Something the demo does at a sim time (a node killed, a bundle swapped): from the cell's loop
+    in real time (`tick` -> `on_tick`), right before an image in lock-step (`before_image`), so
+    there the moment is the same in every run. Subclasses implement both."""
+
+    def __init__(self, lockstep: bool):
+        self.lockstep, self.bridge = lockstep, None
+
+    def attach(self, bridge) -> None:
+        self.bridge = bridge
+        if self.lockstep:
+            bridge.before_image.append(self.before_image)
+
+    def tick(self) -> None:
+        if not self.lockstep:
+            self.on_tick()
+
+    def on_tick(self) -> None:
+        raise NotImplementedError
+
+    def before_image(self, task: str) -> None:
+        raise NotImplementedError

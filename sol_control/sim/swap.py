@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sol_control.bundle import MANIFEST, sha256_file
+from sol_control.sim.clocking import TimedAction
 
 # Real time: the QC node loads the new bundle on its executor thread. Its images come in on their
 # own thread (ros/image_pump.py) and the old bundle goes on deciding them, but its /clock callbacks
@@ -59,11 +60,12 @@ class SwapPlan:
         return cls(bundle.resolve(), at_s)
 
 
-class SwapMonitor:
+class SwapMonitor(TimedAction):
     """Drives the swap client from the cell's loop (`tick`) or right before a QC image (lock-step)."""
 
     def __init__(self, plan: SwapPlan, env: dict, node: str, lockstep: bool, timeout_s: float):
-        self.plan, self.lockstep, self.timeout_s = plan, lockstep, timeout_s
+        super().__init__(lockstep)
+        self.plan, self.timeout_s = plan, timeout_s
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sol_control.ros.bundle_swap", "--param", "qc.bundle", "--node", node,
              "--value", str(plan.bundle), "--timeout-s", str(timeout_s), "--wait-stdin"],
@@ -71,7 +73,6 @@ class SwapMonitor:
         self.lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
         self.ready = False
-        self.bridge = None
         self.sent_t_s: float | None = None     # sim time of the request
         self.sent_mono_s = 0.0
         self.answer: dict | None = None
@@ -83,19 +84,13 @@ class SwapMonitor:
             self.lines.put(line.strip())
         self.lines.put("")                     # EOF: the client is gone
 
-    def attach(self, bridge) -> None:
-        self.bridge = bridge
-        if self.lockstep:
-            bridge.before_image.append(self._before_image)
-
-    def tick(self) -> None:
+    def on_tick(self) -> None:
         """Real time: ask once the moment has come (and the client is ready); take the answer."""
-        if not self.lockstep:
-            self._poll(wait_s=0.0)
-            if self.sent_t_s is None and self.ready and self.bridge.cell.time_s >= self.plan.at_s:
-                self._send()
+        self._poll(wait_s=0.0)
+        if self.sent_t_s is None and self.ready and self.bridge.cell.time_s >= self.plan.at_s:
+            self._send()
 
-    def _before_image(self, task: str) -> None:
+    def before_image(self, task: str) -> None:
         if task != "qc" or self.sent_t_s is not None or self.bridge.cell.time_s < self.plan.at_s:
             return
         t_end = time.monotonic() + self.timeout_s
