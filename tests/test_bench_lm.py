@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 
 from sol_control.bench import lm_bench, lm_report, lm_rows
-from sol_control.bench.lm_rows import Conversation, Run
+from sol_control.bench.lm_rows import Run
+from sol_control.bench.peers.common import next_loop_context
+from sol_control.bench.peers.lm import lm_work
 from sol_control.bundle import Bundle
 from sol_control.cli import main
 from sol_control.lm.gguf_writer import write_llama_gguf
@@ -334,17 +336,23 @@ def _tok() -> LMTokenizer:
 
 
 def test_loop_prompts_extend_each_other_exactly():
+    """The agent loop's rounds as `lm_rows.run_workload` builds them (the peers' ids: `peers.lm.lm_work`)."""
     tok = _tok()
-    conv = Conversation.start(tok, "You control a QC cell.", "qc/verdict: part 1041 reject")
-    assert conv.ids == tok.encode_chat(conv.messages)
+    system, results = "You control a QC cell.", ["qc/verdict: part 1041 reject"] + [f"tool result {k}" for k in range(3)]
+    w = lm_work(tok, {"prompts": [], "agent_loop": {"system": system, "tool_results": results}})
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": results[0]}]
+    ids = w.loop_first
+    assert ids == tok.encode_chat(messages)
     action = tok.encode('{"action": "divert", "part": 1041}')
     answers = [action + [2], action[:5], action + [0]]  # stopped, cut at max_new_tokens, other stop id
     for k, answer in enumerate(answers):
-        before = list(conv.ids)
-        ids = conv.next_prompt(answer, f"tool result {k}")
+        before = list(ids)
+        ids = next_loop_context(ids, answer, w.loop_turns[k], w.close, w.stop_ids)
         kept = answer[:-1] if answer[-1] == 0 else answer  # <|endoftext|>: the template closes with <|im_end|>
+        content = answer[:-1] if answer[-1] in (0, 2) else answer
+        messages += [{"role": "assistant", "content": tok.decode(content)}, {"role": "user", "content": results[k + 1]}]
         assert ids[:len(before) + len(kept)] == before + kept  # the cache carries over whole
-        assert tok.decode(ids) == tok.render_chat(conv.messages)  # and the text is the template's
+        assert tok.decode(ids) == tok.render_chat(messages)  # and the text is the template's
         assert tok.decode(ids).endswith(f"tool result {k}<|im_end|>\n<|im_start|>assistant\n")
 
 

@@ -54,8 +54,8 @@ def test_speculative_genai_folder_layout(tmp_path):
 def test_onnx_to_hf_rebuilds_the_fixture_weights_bit_for_bit(tmp_path):
     """tests/fixtures/tiny_hf{,_draft} are the folders the fixture bundle was exported from:
     rebuilding them from the bundle's ONNX must give the same tensors and configuration. (The
-    converter is a module of the package, sol_control.bench.peers.hf_folder.)"""
-    from sol_control.bench.peers.hf_folder import convert_bundle
+    converter is a module of the package, sol_control.lm.hf_from_onnx.)"""
+    from sol_control.lm.hf_from_onnx import convert_bundle
     from sol_control.lm.hf_reader import read_safetensors
 
     folders = convert_bundle(FIXTURES / "tiny", tmp_path)

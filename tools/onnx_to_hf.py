@@ -1,5 +1,5 @@
 """`python tools/onnx_to_hf.py --bundle B --out DIR [--check]`: a bundle's decoders as Hugging Face
-folders (sol_control.bench.peers.hf_folder), and with `--check` transformers against ONNX Runtime on
+folders (sol_control.lm.hf_from_onnx), and with `--check` transformers against ONNX Runtime on
 the same weights: logits within 1e-4 on a few prefixes, identical greedy outputs. `--check` needs
 torch, transformers and onnxruntime (`.venv-peers`).
 
@@ -17,7 +17,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from sol_control.bench.peers.hf_folder import convert_bundle  # noqa: E402  (numpy + onnx only)
+from sol_control.lm.hf_from_onnx import convert_bundle  # noqa: E402  (numpy + onnx only)
 
 LOGIT_TOL = 1e-4
 

@@ -1,6 +1,6 @@
 """`sol-control bench cold-start`: process start to first decision, as a respawn sees it.
 
-Per start (`sol_control.ros.cold_start`, the ROS side): spawn `python -m sol_control.ros.node`
+Per start (`sol_control.ros.bench_peers.starts`, the ROS side): spawn `python -m sol_control.ros.node`
 (mode = --task, the shipped bundles, default parameters unless --param) while a camera publishes,
 time the spawn to the first decision received, SIGKILL the node and start the next. The node reports
 where its time went on /diagnostics (`startup.*`, process age per stage, docs/ROS_INTERFACE.md):
@@ -16,9 +16,8 @@ import argparse
 import os
 
 from ..config import NodeConfig, apply_overrides
-from .common import write_json
+from .common import pct, write_json
 from .node_bench import node_command, ros_env
-from .stats import pct
 
 PHASES = ("imports", "init", "configure", "bundle_check", "sessions", "warmup", "active", "first_decision")
 
@@ -31,12 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="node parameter override, e.g. decoding.warmup_runs=2 (repeatable)")
 
 
-def _phases(start: dict) -> str:
-    return ", ".join(f"{k} {start['startup_s'].get(k, float('nan')):.3f}" for k in PHASES)
-
-
 def run(args: argparse.Namespace) -> int:
-    from ..ros.cold_start import starts
+    from ..ros.bench_peers import starts
 
     cmd = node_command(apply_overrides(NodeConfig(), args.param), mode=args.task)
     runs = starts(args.task, cmd, ros_env(int(os.environ.get("ROS_DOMAIN_ID", "77"))), args.starts)
@@ -45,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"cold start to first decision, {args.task}, {len(runs)} starts (median s; load {os.getloadavg()[0]:.1f}):")
     print("  " + ", ".join(f"{k} {v:.3f}" for k, v in med.items()))
     for i, s in enumerate(runs):
-        print(f"  start {i}: {s['spawn_to_decision_s']:.3f} s ({_phases(s)})")
+        phases = ", ".join(f"{k} {s['startup_s'].get(k, float('nan')):.3f}" for k in PHASES)
+        print(f"  start {i}: {s['spawn_to_decision_s']:.3f} s ({phases})")
     if args.json:
         write_json(args.json, {"task": args.task, "median_s": med, "starts": runs, "params": args.param,
                                "load_1min": os.getloadavg()[0]})

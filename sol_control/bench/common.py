@@ -1,29 +1,104 @@
-"""How the benchmarks report: where the shipped bundles are, tables, a progress line, strict JSON,
-bar charts, memory bandwidth. The figures themselves: `stats`."""
+"""The benchmarks' kit. The figures: percentiles, medians, rates, elapsed time, CPU time, RSS,
+agreement between answers, and the rotation that alternates rows round by round. How they are
+reported: tables, a progress line, strict JSON, bar charts, memory
+bandwidth. numpy and the standard library only at import: the peer engines' venvs import it too.
+"""
 from __future__ import annotations
 
 import json
 import math
 import os
 import platform
+import resource
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from .stats import pct  # noqa: F401  (doctor and train import it from here)
-
 REPO = Path(__file__).resolve().parents[2]
 PLAIN, SPECULATIVE, PEER = "#888888", "#d95f02", "#1b9e77"  # bar colours
 
 
-def default_bundle(name: str = "grasp") -> Path:
-    """The shipped bundle: from the source tree, or from the ament share folder when installed."""
-    for root in (REPO / "models", Path(sys.prefix) / "share" / "sol_control" / "models"):
-        if (root / name / "manifest.json").is_file():
-            return root / name
-    raise ValueError(f"no shipped bundle {name!r} found under {REPO / 'models'}")
+# ---- the figures ----------------------------------------------------------------------------------
+
+def pct(values, q: float) -> float:
+    """The q-th percentile; NaN for no values."""
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if len(values) else float("nan")
+
+
+def finite_pct(values, q: float) -> float:
+    """`pct` over the finite values only (a stage that did not run records NaN)."""
+    return pct([v for v in values if v is not None and math.isfinite(v)], q)
+
+
+def median(values) -> float | None:
+    """The median of the finite values; None for none."""
+    m = finite_pct(values, 50)
+    return None if math.isnan(m) else m
+
+
+def rate(tokens: int, ms: float) -> float:
+    """Tokens per second; NaN without time."""
+    return tokens / ms * 1e3 if ms > 0 else float("nan")
+
+
+def ceiling(k: int, standard_ms_per_token: float, verify_ms: float) -> float:
+    """The speed-up over standard of a perfect, free draft of length k: every verify call of k + 1
+    tokens emits k + 1 tokens, so tokens/s = (k + 1) / verify_ms against 1 / standard_ms_per_token."""
+    return (k + 1) * standard_ms_per_token / verify_ms
+
+
+def ms_since(t0_ns: int) -> float:
+    """Milliseconds since `t0_ns` (time.monotonic_ns())."""
+    return (time.monotonic_ns() - t0_ns) / 1e6
+
+
+def cpu_s() -> float:
+    """CPU-seconds of the whole process, every thread (ONNX Runtime's pools included). getrusage,
+    not time.process_time: with six 2-thread sessions open, process_time took 126 us a call (it
+    samples every thread's clock), getrusage 0.9 us."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def rss_bytes(field: str = "VmRSS") -> int:
+    """This process's resident set (VmRSS), or its peak (VmHWM: not getrusage's ru_maxrss, which
+    Linux carries across fork + exec), from /proc/self/status; 0 where it is not there."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def rotated(items: list, turn: int) -> list:
+    """`items` starting at `turn` (mod its length): who goes first moves on by one a turn, so a
+    noisy neighbour slows every row alike."""
+    k = turn % len(items) if items else 0
+    return list(items[k:]) + list(items[:k])
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first position where two answers differ (one ending counts); None when they are equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def equal_share(outputs: list, reference: list) -> float:
+    """Share of answers identical to the reference's."""
+    return sum(a == b for a, b in zip(outputs, reference)) / max(len(reference), 1)
+
+
+def token_share(outputs: list[list[int]], reference: list[list[int]]) -> float:
+    """Share of tokens equal to the reference's at the same position."""
+    same = [x == y for a, b in zip(outputs, reference) for x, y in zip(a, b)]
+    return float(np.mean(same)) if same else 0.0
+
+
+# ---- reporting ------------------------------------------------------------------------------------
 
 
 def machine() -> dict:

@@ -27,16 +27,18 @@ from pathlib import Path
 import numpy as np
 
 from ..bundle import Bundle
+from ..config import shipped_bundle
 from ..decoding import open_decoder
 from ..decoding.native import NativeDecoderSession
 from ..energy import EnergyMeter, energy_row
 from ..perception import ObservationTokenizer
 from . import row
-from .common import default_bundle, memory_bandwidth_gbs, progress, table, write_json
-from .stats import ceiling, equal_share, pct, rate, rotated
+from .common import (ceiling, equal_share, memory_bandwidth_gbs, pct, progress, rate, rotated, table,
+                     write_json)
 
 PACE_S = 1 / 30  # paced timing: one decision per camera frame at 30 Hz, asleep in between
 PACED_DECISIONS = 20  # per round (each costs a frame period of wall time)
+PHASES = ("warm", "cold", "paced", "interleaved")
 CONFIGS = [  # (row name, target precision, how it drafts)
     ("standard fp32", "fp32", "plain"), ("int8 plain", "int8", "plain"), ("int4 plain", "int4", "plain"),
     ("int8 + heads", "int8", "heads"), ("int4 + heads", "int4", "heads"),
@@ -58,44 +60,45 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 @dataclass
 class Row(row.Row):
     backend: str = "auto"  # open_decoder's; "onnxruntime" for the twins of rows the native pass runs
-    decision_ms: list[float] = field(default_factory=list)  # warm, this row alone
-    cold_ms: list[float] = field(default_factory=list)
-    paced_ms: list[float] = field(default_factory=list)  # warm, one decision per PACE_S (speculative rows)
-    interleaved_ms: list[float] = field(default_factory=list)  # warm, the rows taking turns decision by decision
-    decode_tok_s: list[float] = field(default_factory=list)  # per round: tokens after the prefill call / decode time
-    interleaved_decode_tok_s: list[float] = field(default_factory=list)
+    # phase -> [round][decision] DecodeStats: warm and cold (this row alone), paced (speculative rows:
+    # warm, one decision per PACE_S), interleaved (warm, the rows taking turns decision by decision)
+    rounds: dict[str, list[list]] = field(default_factory=lambda: {p: [] for p in PHASES})
     pass_ms: dict[int, list[float]] = field(default_factory=dict)  # heads rows: rows of a call -> ms of such calls
-    e2e_tok_s: list[float] = field(default_factory=list)  # per round: all new tokens / total wall time
-    ttft_ms: list[float] = field(default_factory=list)
-    cpu_s: float = 0.0
-    decisions: int = 0
-    tokens: int = 0
-    accepted: int = 0
-    verify_passes: int = 0
-    proposed: int = 0
-    draft_accepted: int = 0
-    outputs: list[list[int]] = field(default_factory=list)
+    cpu_s: float = 0.0  # the decoding thread's, over the decisions alone (cold and warm)
+    outputs: list[list[int]] = field(default_factory=list)  # the first round's warm answers
 
     def summary(self, standard: list[list[int]], plain: list[list[int]], meter: EnergyMeter) -> dict:
         p50 = lambda xs: pct(xs, 50)  # noqa: E731
+        ms = {phase: [s.wall_ms for r in rounds for s in r] for phase, rounds in self.rounds.items()}
+        warm, alone = sum(self.rounds["warm"], []), sum(self.rounds["warm"] + self.rounds["cold"], [])
+        decode = [_decode_rate(r) for r in self.rounds["warm"]]
+        passes, proposed = sum(s.verify_passes for s in warm), sum(s.proposed for s in warm)
         return {
             "name": self.name, "precision": self.precision, "speculative": self.speculative, "mode": self.mode,
             "backend": "native" if isinstance(self.target, NativeDecoderSession) else "onnxruntime",
-            "decision_ms_p50": p50(self.decision_ms), "decision_ms_p99": pct(self.decision_ms, 99),
-            "cold_decision_ms_p50": p50(self.cold_ms),
-            "paced_decision_ms_p50": p50(self.paced_ms) if self.paced_ms else None,
-            "interleaved_decision_ms_p50": p50(self.interleaved_ms),
-            "decode_tokens_per_s": p50(self.decode_tok_s),
-            "interleaved_decode_tokens_per_s": p50(self.interleaved_decode_tok_s),
+            "decision_ms_p50": p50(ms["warm"]), "decision_ms_p99": pct(ms["warm"], 99),
+            "cold_decision_ms_p50": p50(ms["cold"]),
+            "paced_decision_ms_p50": p50(ms["paced"]) if ms["paced"] else None,
+            "interleaved_decision_ms_p50": p50(ms["interleaved"]),
+            "decode_tokens_per_s": p50(decode),
+            "interleaved_decode_tokens_per_s": p50([_decode_rate(r) for r in self.rounds["interleaved"]]),
             "pass_ms_p50": {str(rows): p50(ms) for rows, ms in sorted(self.pass_ms.items())} or None,
-            "decode_tokens_per_s_min": min(self.decode_tok_s), "decode_tokens_per_s_max": max(self.decode_tok_s),
-            "tokens_per_s": p50(self.e2e_tok_s), "ttft_ms_p50": p50(self.ttft_ms),
-            "mean_accepted": self.accepted / self.verify_passes if self.speculative and self.verify_passes else None,
-            "draft_acceptance": self.draft_accepted / self.proposed if self.proposed else None,
+            "decode_tokens_per_s_min": min(decode), "decode_tokens_per_s_max": max(decode),
+            "tokens_per_s": p50([sum(s.new_tokens for s in r) / sum(s.wall_ms for s in r) * 1e3
+                                 for r in self.rounds["warm"]]),
+            "ttft_ms_p50": p50([s.ttft_ms for s in warm]),
+            "mean_accepted": sum(s.new_tokens - 1 for s in warm) / passes if self.speculative and passes else None,
+            "draft_acceptance": sum(s.accepted for s in warm) / proposed if proposed else None,
             "match_standard": equal_share(self.outputs, standard),
             "match_plain_same_target": equal_share(self.outputs, plain),
-            **energy_row(self.cpu_s, self.decisions, meter, self.tokens),
+            **energy_row(self.cpu_s, len(alone), meter, sum(s.new_tokens for s in alone)),
         }
+
+
+def _decode_rate(stats: list) -> float:
+    """Tokens after the prefill call over the time after it (a guessed prefill's extra tokens came in
+    its TTFT)."""
+    return rate(sum(s.decode_tokens for s in stats), sum(s.decode_ms for s in stats))
 
 
 def decision_prefixes(bundle: Bundle, n: int, seed: int = 0) -> list[np.ndarray]:
@@ -169,12 +172,10 @@ def run_bench(bundle: Bundle, decisions: int, rounds: int, new_tokens: int, thre
 
 
 def _timed(r: Row, prefix, new_tokens: int, k, cold: bool):
-    """A decision alone, its thread's CPU time, decisions and tokens counted on the row."""
+    """A decision alone, its thread's CPU time counted on the row."""
     c0 = time.thread_time_ns()
     res = r.decode(prefix, new_tokens, k=k, cold=cold)
     r.cpu_s += (time.thread_time_ns() - c0) / 1e9
-    r.decisions += 1
-    r.tokens += res.stats.new_tokens
     return res
 
 
@@ -182,27 +183,16 @@ def _alone(r: Row, prefixes, new_tokens: int, k, first_round: bool) -> None:
     """One round of row `r` alone: every prefix cold, then warm (the figures of record), then for a
     speculative row PACED_DECISIONS warm ones a frame period (PACE_S) apart; a heads row last times
     its passes (`_time_passes`)."""
-    for prefix in prefixes:
-        r.cold_ms.append(_timed(r, prefix, new_tokens, k, cold=True).stats.wall_ms)
-    tok = ms = dtok = dms = 0
-    for prefix in prefixes:
-        res = _timed(r, prefix, new_tokens, k, cold=False)
-        s = res.stats
-        r.decision_ms.append(s.wall_ms)
-        r.ttft_ms.append(s.ttft_ms)
-        tok, ms = tok + s.new_tokens, ms + s.wall_ms
-        dtok, dms = dtok + s.decode_tokens, dms + s.decode_ms  # a guessed prefill's extra tokens came in its TTFT
-        if first_round:
-            r.outputs.append(res.tokens)
-        r.accepted += s.new_tokens - 1
-        r.verify_passes, r.proposed, r.draft_accepted = (r.verify_passes + s.verify_passes, r.proposed + s.proposed,
-                                                         r.draft_accepted + s.accepted)
-    r.e2e_tok_s.append(tok / ms * 1e3)
-    r.decode_tok_s.append(rate(dtok, dms))
+    r.rounds["cold"].append([_timed(r, prefix, new_tokens, k, cold=True).stats for prefix in prefixes])
+    warm = [_timed(r, prefix, new_tokens, k, cold=False) for prefix in prefixes]
+    r.rounds["warm"].append([res.stats for res in warm])
+    if first_round:
+        r.outputs = [res.tokens for res in warm]
     if r.speculative:
+        r.rounds["paced"].append([])
         for prefix in prefixes[:PACED_DECISIONS]:
             time.sleep(PACE_S)
-            r.paced_ms.append(r.decode(prefix, new_tokens, k=k).stats.wall_ms)
+            r.rounds["paced"][-1].append(r.decode(prefix, new_tokens, k=k).stats)
     if r.mode == "heads":
         _time_passes(r, prefixes)
 
@@ -213,28 +203,19 @@ def _time_passes(r: Row, prefixes) -> None:
     t, k = r.target, r.target.draft_heads
     t.use_heads(True)
     for i, prefix in enumerate(prefixes):
-        answer = np.asarray(r.outputs[i % len(r.outputs)], np.int64)  # real ids; how many are right hardly matters
-        for rows in (1, k + 1):
-            t.prefill(prefix)
-            n = t.length
-            t0 = time.perf_counter_ns()
-            t.forward(np.resize(answer, rows))
-            r.pass_ms.setdefault(rows, []).append((time.perf_counter_ns() - t0) / 1e6)
-            t.rewind(n)
+        answer = np.resize(np.asarray(r.outputs[i % len(r.outputs)], np.int64), k + 1)  # real ids
+        for rows, ms in row.call_ms(t, prefix, answer, (1, k + 1)).items():
+            r.pass_ms.setdefault(rows, []).append(ms)
 
 
 def _interleaved(rows: list[Row], prefixes, new_tokens: int, k) -> None:
     """One warm pass with the rows taking turns decision by decision; its decisions count in no
     other figure (CPU time and joules come from the rows alone)."""
-    acc = {r.name: [0, 0.0] for r in rows}  # decode tokens, decode ms
+    for r in rows:
+        r.rounds["interleaved"].append([])
     for prefix in prefixes:
         for r in rows:
-            s = r.decode(prefix, new_tokens, k=k).stats
-            r.interleaved_ms.append(s.wall_ms)
-            acc[r.name][0] += s.decode_tokens
-            acc[r.name][1] += s.decode_ms
-    for r in rows:
-        r.interleaved_decode_tok_s.append(rate(*acc[r.name]))
+            r.rounds["interleaved"][-1].append(r.decode(prefix, new_tokens, k=k).stats)
 
 
 def _ratios(best: dict, std: dict, plain: dict, prefix: str = "") -> dict:
@@ -337,7 +318,7 @@ def print_report(rep: dict) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    bundle = Bundle.load(args.bundle or default_bundle())
+    bundle = Bundle.load(args.bundle or shipped_bundle("grasp"))
     if bundle.manifest.draft is None and not bundle.manifest.target.draft_heads:
         raise ValueError(f"bundle {bundle.root} has neither draft heads nor a draft decoder: nothing to speculate with")
     new_tokens = args.new_tokens or len(bundle.manifest.actions) or 32

@@ -14,8 +14,7 @@ cache is kept across rounds; `--rounds` repeats everything. Measuring: `lm_rows`
 This module: the bundle (imported from the GGUF once, again when a source's sha256 changes), the
 verify-cost table behind `ceiling_tokens`, the peers (`bench.peers.lm`, when it is there), and
 resident memory, from a fresh process per precision (and draft) that loads the sessions and
-answers the first prompt (`python -m sol_control.bench.lm_bench rss ...`). Figures, tables and
-plots: `lm_report`.
+answers the first prompt (`row.probe_rss`). Figures, tables and plots: `lm_report`.
 """
 from __future__ import annotations
 
@@ -23,7 +22,6 @@ import argparse
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,7 +29,6 @@ from pathlib import Path
 import numpy as np
 
 from ..bundle import Bundle
-from ..decoding import open_decoder
 from ..energy import EnergyMeter
 from ..lm.cache import sha256_of
 from ..lm.generate import load_tokenizer
@@ -40,7 +37,8 @@ from .common import REPO
 from .lm_rows import (LOOKUP, PROMPT_NEW_TOKENS, QUICK_LOOP_ROUNDS, QUICK_PROMPTS, Row, load_workload, make_rows,
                       run_workload, say)
 from .paired import paired_summary
-from .stats import rss_bytes
+from .peers.lm import LM_MODES, lm_work, run_lm_peers
+from .row import call_ms, probe_rss
 
 DEFAULT_IMPORT_DIR = Path(".work/lm/bench_bundle")
 HEADS_GLOB = "smollm2_heads*.npz"
@@ -130,19 +128,11 @@ def verify_costs(sessions: dict, context: list[int], sizes, repeats: int) -> dic
     """{key: {T: median ms of one target call with T tokens after `context`}}: every session and T
     interleaved in each repeat, so load changes hit them alike. The sessions are left empty."""
     ids = np.resize(np.asarray(context, np.int64), max(sizes))
-    lengths = {}
-    for key, sess in sessions.items():
-        sess.reset()
-        sess.prefill(np.asarray(context, np.int64))
-        lengths[key] = sess.length
     times = {key: {T: [] for T in sizes} for key in sessions}
     for _ in range(repeats):
         for key, sess in sessions.items():
-            for T in sizes:
-                sess.rewind(lengths[key])
-                t0 = time.monotonic_ns()
-                sess.forward(ids[:T])
-                times[key][T].append((time.monotonic_ns() - t0) / 1e6)
+            for T, ms in call_ms(sess, context, ids, sizes).items():
+                times[key][T].append(ms)
     for sess in sessions.values():
         sess.reset()
     return {key: {T: float(np.median(v)) for T, v in per.items()} for key, per in times.items()}
@@ -150,45 +140,18 @@ def verify_costs(sessions: dict, context: list[int], sizes, repeats: int) -> dic
 
 # ---- resident memory: one fresh process per precision (and draft) --------------------------------
 
-def rss_probe(argv: list[str]) -> None:
-    """`python -m sol_control.bench.lm_bench rss BUNDLE PRECISION MODES IDS`: opens the target (then
-    the draft, for mode `draft`), answers `IDS` (JSON) once per mode; prints the process RSS before
-    and after each mode (a speculative row reuses the plain row's target, as a fresh process would)."""
-    root, prec, modes, ids = argv[0], argv[1], argv[2].split(","), json.loads(argv[3])
-    bundle = Bundle.load(root, verify=False)  # the parent process has checked every sha256
-    stops = load_tokenizer(bundle).stop_ids
-    before, after = rss_bytes(), {}
-    row = Row("probe", prec, "plain", open_decoder(bundle, "target", prec, 1))
-    for mode in modes:
-        row.mode, row.lookup = mode, LOOKUP * (mode == "lookup")
-        if mode == "draft":
-            row.open_draft(bundle, 1, "probe draft")
-        row.generate(ids, PROMPT_NEW_TOKENS, stops, fresh=True)
-        after[mode] = rss_bytes()
-    print(json.dumps({"before": before, "after": after}))
-
-
 def measure_rss(rows: list[Row], ids: list[int]) -> dict[tuple[str, str], dict]:
-    """{(row precision, mode): {rss_mb, rss_delta_mb}}: a fresh process per precision label (all at
-    once: this measures memory, not time), opening the row's own bundle and precision (`Row.source`)."""
-    modes: dict[str, list[str]] = {}
-    sources = {}
+    """{(row precision, mode): {rss_mb, rss_delta_mb}}: a fresh process per precision label answering
+    the first prompt in each of its rows' modes, on the row's own bundle and precision (`Row.source`)."""
+    specs: dict[str, dict] = {}
     for r in rows:
-        modes.setdefault(r.precision, ["plain"])
-        sources[r.precision] = r.source
-        if r.mode not in modes[r.precision]:
-            modes[r.precision].append(r.mode)
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    procs = {label: subprocess.Popen([sys.executable, "-m", "sol_control.bench.lm_bench", "rss", *sources[label],
-                                      ",".join(ms), json.dumps(ids)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-             for label, ms in modes.items()}
+        spec = specs.setdefault(r.precision, {
+            "bundle": r.source[0], "role": "target", "precision": r.source[1], "modes": ["plain"], "ids": ids,
+            "max_new": PROMPT_NEW_TOKENS, "lookup": LOOKUP})
+        if r.mode not in spec["modes"]:
+            spec["modes"].append(r.mode)
     out = {}
-    for label, p in procs.items():
-        stdout, stderr = p.communicate()
-        if p.returncode != 0:
-            raise ValueError(f"RSS probe {label} failed: {stderr.strip().splitlines()[-1:]}")
-        got = json.loads(stdout.strip().splitlines()[-1])
+    for label, got in probe_rss(specs).items():
         for mode, rss in got["after"].items():
             out[label, mode] = {"rss_mb": rss / 1e6, "rss_delta_mb": (rss - got["before"]) / 1e6}
     return out
@@ -208,8 +171,6 @@ def _threads(text: str) -> list[int]:
 
 def _peer_modes(precisions: str) -> dict:
     """LM_MODES with only the given precisions (ValueError naming an unknown one)."""
-    from .peers.lm import LM_MODES
-
     wanted = {p.strip() for p in precisions.split(",") if p.strip()}
     if not wanted or wanted - {"fp32", "int8", "int4"}:
         raise ValueError(f"--peer-precisions takes fp32, int8 and int4, comma separated, got {precisions!r}")
@@ -219,10 +180,6 @@ def _peer_modes(precisions: str) -> dict:
 def _peers(gguf: Path | None, workload: dict, threads: list[int], quick: bool, precisions: str) -> dict:
     if gguf is None:
         return {"rows": [], "note": "no GGUF for the peers (a --bundle without --gguf, and no `make lm-model` file)"}
-    try:
-        from .peers.lm import run_lm_peers
-    except ImportError as e:  # the module or the function is not there (yet)
-        return {"rows": [], "note": f"peer runners not available: {e}"}
     rows = []
     for t in threads:
         say(f"peers at {t} thread(s)")
@@ -279,19 +236,19 @@ def run(args: argparse.Namespace) -> int:
     for s in skipped:
         say(f"skipped {s['name']} @{s['threads']}t: {s['note']}")
     meter = EnergyMeter()
-    run_workload(rows, tok, workload, args.rounds)
+    w = lm_work(tok, workload)  # the workload as ids, as the peers get it
+    run_workload(rows, w, args.rounds)
     meter.update()
-    first_prompt = tok.encode_chat([{"role": "user", "content": workload["prompts"][0]}])
     k, k_source = lm_report.draft_length(bundle, rows)
     sizes = sorted(set(VERIFY_TOKENS) | {k + 1})
     say(f"verify costs, T = {sizes}")
     plain = {(r.threads, r.precision): r.target for r in rows if r.mode == "plain"}
     verify = {}
-    for (t, prec), ms in verify_costs(plain, first_prompt, sizes, 5 if args.quick else 15).items():
+    for (t, prec), ms in verify_costs(plain, w.prompts[0], sizes, 5 if args.quick else 15).items():
         verify.setdefault(t, {})[prec] = ms
         say(f"verify costs {prec} @{t}t: " + ", ".join(f"T={T} {v:.1f} ms" for T, v in ms.items()))
     say("resident memory (a fresh process per precision)")
-    rss = measure_rss(rows, first_prompt)
+    rss = measure_rss(rows, w.prompts[0])
     peers = {"rows": [], "note": "--no-peers"} if args.no_peers else _peers(gguf, workload, threads, args.quick, args.peer_precisions)
     command = "sol-control bench lm " + " ".join(sys.argv[3:] if sys.argv[1:3] == ["bench", "lm"] else [])
     summary = lm_report.summarise(
@@ -307,6 +264,3 @@ def run(args: argparse.Namespace) -> int:
         return 1
     return 0
 
-
-if __name__ == "__main__" and sys.argv[1:2] == ["rss"]:
-    rss_probe(sys.argv[2:])

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import bar_panels, clean, colour, fmt as _f, machine, table
+from .common import (bar_panels, ceiling, clean, colour, first_difference, fmt as _f, machine,
+                     median as _median, rate, table)
 from .lm_rows import SYMMETRIC
-from .stats import ceiling, first_difference, median as _median, rate
 
 NOMINAL_K = 8  # the ceiling's draft length when no speculative row ran (T = 9, the largest verify measured)
 
@@ -276,8 +276,10 @@ def write(summary: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(clean(summary), indent=1) + "\n")
     (out / "README.md").write_text(markdown(summary) + "\n")
-    plot_decode(summary, out / "decode_tokens_per_s.png")
-    plot_loop(summary, out / "agent_loop.png")
+    _plot(summary, out / "decode_tokens_per_s.png", "decode_tokens_per_s",
+          "decode tokens/s (median over prompts)", "decode")
+    _plot(summary, out / "agent_loop.png", "loop_s", "seconds, end to end",
+          f"{summary['workload']['loop_rounds']}-round agent loop")
 
 
 def _rows_table(s: dict, t: int) -> list[str]:
@@ -359,11 +361,3 @@ def _plot(s: dict, path: Path, key: str, ylabel: str, title: str) -> None:
                       + [(f"{p.get('engine')} {p.get('mode', '')} {p.get('precision', '')}", p.get(key) or 0.0, colour(p))
                          for p in s["peers"]["rows"] if p.get("threads") == t and p.get(key) is not None]
                       for t in s["threads"]}, ylabel)
-
-
-def plot_decode(s: dict, path: Path) -> None:
-    _plot(s, path, "decode_tokens_per_s", "decode tokens/s (median over prompts)", "decode")
-
-
-def plot_loop(s: dict, path: Path) -> None:
-    _plot(s, path, "loop_s", "seconds, end to end", f"{s['workload']['loop_rounds']}-round agent loop")

@@ -1,4 +1,4 @@
-"""`sol-control bench lm`, the measuring: the workload, the agent loop's conversation, rows and runs.
+"""`sol-control bench lm`, the measuring: the workload, rows and runs.
 
 A row (`row.Row`) owns its sessions: a prompt starts from an empty cache, a loop round from what the row's
 previous round left, so the prefill computes only the new turn (KV kept across rounds). Plain rows
@@ -28,9 +28,9 @@ import numpy as np
 from ..bundle import Bundle
 from ..decoding import GuessLength, open_decoder
 from ..decoding.factory import default_prefill
-from ..lm.tokenizer import LMTokenizer
 from . import row
-from .stats import cpu_s, rate, rotated
+from .peers.common import LMWork, next_loop_context
+from .common import cpu_s, rate, rotated
 
 WORKLOAD = Path(__file__).parent / "data" / "lm_workload.json"
 PROMPT_NEW_TOKENS = 128  # the prompts' answer budget, as the peers' (bench.peers.lm); a loop answer: the workload's 64
@@ -77,41 +77,6 @@ def load_workload(quick: bool, max_new_tokens: int | None = None, prompts: int |
         w["max_new_tokens"] = min(w["max_new_tokens"], max_new_tokens)
         w["agent_loop"]["max_new_tokens"] = min(w["agent_loop"]["max_new_tokens"], max_new_tokens)
     return w
-
-
-@dataclass
-class Conversation:
-    """An agent loop's conversation as the model sees it: each round's prompt ids extend the previous
-    round's ids and its answer exactly (what lets the KV cache carry over). The answer goes in as
-    the ids the model generated; the template's text for the next turn is encoded alone."""
-
-    tok: LMTokenizer
-    messages: list[dict]
-    ids: list[int]  # the last prompt
-    text: str  # the rendered text of `ids`
-
-    @classmethod
-    def start(cls, tok: LMTokenizer, system: str, first_user: str) -> Conversation:
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": first_user}]
-        text = tok.render_chat(messages)
-        return cls(tok, messages, tok.encode(text), text)
-
-    def next_prompt(self, answer: list[int], user: str) -> list[int]:
-        """Append the model's answer (ids, a final stop id included) and a user turn; the new prompt."""
-        stops = self.tok.stop_ids
-        content = answer[:-1] if answer and answer[-1] in stops else answer
-        self.messages += [{"role": "assistant", "content": self.tok.decode(content)},
-                          {"role": "user", "content": user}]
-        text = self.tok.render_chat(self.messages)
-        said = self.tok.decode(answer)
-        if not text.startswith(self.text + said):  # the template closes the turn another way: its text
-            answer, said = content, self.tok.decode(content)
-        if not text.startswith(self.text + said):
-            raise ValueError("the chat template re-renders earlier turns differently: the loop's prompts "
-                             "would not extend each other")
-        self.ids = self.ids + list(answer) + self.tok.encode(text[len(self.text + said):])
-        self.text = text
-        return self.ids
 
 
 # ---- rows ---------------------------------------------------------------------------------------
@@ -214,34 +179,32 @@ def turns(rows: list[Row], i: int) -> list[Row]:
 
 # ---- measuring ----------------------------------------------------------------------------------
 
-def run_workload(rows: list[Row], tok: LMTokenizer, workload: dict, reps: int) -> None:
-    stops = tok.stop_ids
-    prompts = [tok.encode_chat([{"role": "user", "content": p}]) for p in workload["prompts"]]
-    loop = workload["agent_loop"]
+def run_workload(rows: list[Row], w: LMWork, reps: int) -> None:
+    """`reps` times every prompt (a new conversation each), then the agent loop, its rounds' ids as
+    the peers get them (`peers.lm.lm_work`: each round extends the last with the row's own answer)."""
+    stops = tuple(w.stop_ids)
     for r in rows:  # warm-up: ORT allocates its arenas in the first runs
-        r.generate(prompts[0], 8, stops, fresh=True)
+        r.generate(w.prompts[0], 8, stops, fresh=True)
+    rounds = 1 + len(w.loop_turns)
     for rep in range(reps):
         for r in rows:
             r.prompts.append([])
             r.loops.append([])
-        for i, ids in enumerate(prompts):
+        for i, ids in enumerate(w.prompts):
             for r in turns(rows, i):
-                run = r.generate(ids, workload["max_new_tokens"], stops, fresh=True)  # a new conversation
+                run = r.generate(ids, w.prompt_new_tokens, stops, fresh=True)  # a new conversation
                 r.prompts[rep].append(run)
-                say(f"rep {rep + 1}/{reps} prompt {i + 1}/{len(prompts)} {r.label:20s} {len(run.tokens):3d} tokens "
-                    f"{run.decode_tokens_per_s:6.1f} tok/s  TTFT {run.ttft_ms:6.1f} ms")
-        convs = {}
-        for k, tool in enumerate(loop["tool_results"]):
+                say(f"rep {rep + 1}/{reps} prompt {i + 1}/{len(w.prompts)} {r.label:20s} {len(run.tokens):3d} "
+                    f"tokens {run.decode_tokens_per_s:6.1f} tok/s  TTFT {run.ttft_ms:6.1f} ms")
+        contexts = {}
+        for k in range(rounds):
             for r in turns(rows, k):
-                if k == 0:
-                    convs[r.label] = Conversation.start(tok, loop["system"], tool)
-                    ids = convs[r.label].ids
-                else:
-                    ids = convs[r.label].next_prompt(r.loops[rep][-1].tokens, tool)
-                if len(ids) + loop["max_new_tokens"] > r.target.max_context:
-                    raise ValueError(f"agent loop round {k + 1}: {len(ids)} tokens + {loop['max_new_tokens']} "
+                ids = contexts[r.label] = w.loop_first if k == 0 else next_loop_context(
+                    contexts[r.label], r.loops[rep][-1].tokens, w.loop_turns[k - 1], w.close, w.stop_ids)
+                if len(ids) + w.loop_new_tokens > r.target.max_context:
+                    raise ValueError(f"agent loop round {k + 1}: {len(ids)} tokens + {w.loop_new_tokens} "
                                      f"exceed max_context={r.target.max_context}")
-                run = r.generate(ids, loop["max_new_tokens"], stops, fresh=k == 0)  # KV kept across rounds
+                run = r.generate(ids, w.loop_new_tokens, stops, fresh=k == 0)  # KV kept across rounds
                 r.loops[rep].append(run)
-                say(f"rep {rep + 1}/{reps} loop round {k + 1}/{len(loop['tool_results'])} {r.label:20s} "
+                say(f"rep {rep + 1}/{reps} loop round {k + 1}/{rounds} {r.label:20s} "
                     f"prompt {len(ids):4d}  {len(run.tokens):2d} tokens  {run.wall_ms:7.1f} ms")

@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -39,11 +38,12 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from sol_control.bench.common import REPO, table, write_json
-from sol_control.bench.stats import finite_pct, pct, rotated
+from sol_control.bench.common import REPO, finite_pct, pct, rotated, table, write_json
 from sol_control.budget import NS_PER_MS
 from sol_control.config import NodeConfig, apply_overrides, to_flat
 from sol_control.energy import EnergyMeter, labels, per_source
+from sol_control.sim.lines import process_cpu_s
+from sol_control.sim.supervisor import stop_processes
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -86,22 +86,6 @@ def node_command(cfg: NodeConfig, **params) -> list[str]:
             *[a for k, v in flat.items() for a in ("-p", f"{k}:={_ros_value(v)}")]]
 
 
-def _cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _stop(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def run_mode(task: str, cfg: NodeConfig, args: argparse.Namespace, work: Path) -> dict:
     env = ros_env(args.domain_id)
     swap_at = args.swap_at
@@ -123,20 +107,18 @@ def run_mode(task: str, cfg: NodeConfig, args: argparse.Namespace, work: Path) -
             pub.kill()
             raise RuntimeError(f"the node did not become active; its log:\n{_tail(work / f'{task}_node.log')}")
         meter = EnergyMeter(cfg.energy.watts_per_busy_core)  # RAPL over the run where readable
-        cpu0, wall0 = _cpu_s(node.pid), time.monotonic()
+        cpu0, wall0 = process_cpu_s(node.pid), time.monotonic()
         if swapper is not None:
             _swap_at(swapper, wall0 + swap_at)
         pub.wait()
-        cpu1, wall1 = _cpu_s(node.pid), time.monotonic()
+        cpu1, wall1 = process_cpu_s(node.pid), time.monotonic()
         meter.update()
         if pub.returncode != 0:
             raise RuntimeError(f"publisher failed (exit {pub.returncode}); node log:\n{_tail(work / f'{task}_node.log')}")
         time.sleep(1.0)  # let the last decisions arrive
         swap = _swap_result(swapper) if swapper is not None else None
     finally:
-        for proc in (swapper, sub, node):
-            if proc is not None:
-                _stop(proc)
+        stop_processes([p for p in (swapper, sub, node) if p is not None])  # SIGINT, SIGKILL after 10 s
         log.close()
     if not sub_out.exists():
         raise RuntimeError(f"the subscriber wrote no results (exit {sub.returncode}); its output, if any, is above")

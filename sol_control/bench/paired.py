@@ -23,9 +23,9 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
+from ..config import shipped_bundle
 from ..decoding import open_decoder, speculate_heads
-from .common import default_bundle
-from .stats import rotated
+from .common import rotated
 
 OURS = "int8 + heads"  # the node's fast path (decoding.fast_precision int8, draft heads)
 REPEATS = 5  # passes over the 16 prefixes a round
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..bundle import Bundle
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bundle", default=default_bundle("grasp"))
+    ap.add_argument("--bundle", default=shipped_bundle("grasp"))
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--engine", default="ort-genai")
     ap.add_argument("--precision", default="int4")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import subprocess
 import sys
 import traceback
 from pathlib import Path
@@ -22,10 +21,10 @@ from pathlib import Path
 import numpy as np
 
 from ..bundle import Bundle
+from ..config import shipped_bundle
 from ..decoding import AdaptiveK, greedy, open_decoder, speculate
-from . import decode_bench, paired
-from .common import bar_panels, colour, default_bundle, machine, progress, pyplot, save, table, write_json
-from .stats import pct
+from . import decode_bench, paired, row
+from .common import bar_panels, colour, machine, pct, progress, pyplot, save, table, write_json
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -113,27 +112,18 @@ def _fit(prefix: np.ndarray, n: int, m) -> np.ndarray:
 
 # ---- resident memory per precision (each in a fresh process) -----------------------------------
 
-_MEM_PROBE = """
-import sys, numpy as np
-from sol_control.bench.stats import rss_bytes
-from sol_control.bundle import Bundle
-from sol_control.decoding import open_decoder, greedy
-b = Bundle.load(sys.argv[1]); before = rss_bytes()
-greedy(open_decoder(b, sys.argv[2], sys.argv[3]), np.array([b.manifest.vocab.bos] * 8), 8)
-print(rss_bytes() - before)
-"""
-
-
 def memory(bundle: Bundle) -> list[dict]:
-    rows = []
-    for role, spec in (("target", bundle.manifest.target), ("draft", bundle.manifest.draft)):
+    """Resident memory per decoder: a fresh process opens it and decides once (`row.probe_rss`)."""
+    m, specs, sizes = bundle.manifest, {}, {}
+    for role, spec in (("target", m.target), ("draft", m.draft)):
         for prec in spec.precisions:
-            fname = (spec.fused if prec in spec.fused else spec.files)[prec]
-            out = subprocess.run([sys.executable, "-c", _MEM_PROBE, str(bundle.root), role, prec],
-                                 capture_output=True, text=True, check=True)
-            rows.append({"decoder": f"{role} {prec}", "file_mb": bundle.path(fname).stat().st_size / 1e6,
-                         "rss_mb": int(out.stdout.split()[-1]) / 1e6})
-    return rows
+            label = f"{role} {prec}"
+            file = (spec.fused if prec in spec.fused else spec.files)[prec]
+            sizes[label] = bundle.path(file).stat().st_size
+            specs[label] = {"bundle": str(bundle.root), "role": role, "precision": prec, "modes": ["plain"],
+                            "ids": [m.vocab.bos] * 8, "max_new": 8}
+    return [{"decoder": label, "file_mb": sizes[label] / 1e6, "rss_mb": (got["after"]["plain"] - got["before"]) / 1e6}
+            for label, got in row.probe_rss(specs).items()]
 
 
 # ---- plots ---------------------------------------------------------------------------------------
@@ -236,7 +226,7 @@ def run_stages(args, bundles: dict, summary: dict, stages: dict = STAGES) -> Non
 def run(args: argparse.Namespace) -> int:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    bundles = {name: Bundle.load(default_bundle(name)) for name in SUFFIXES}
+    bundles = {name: Bundle.load(shipped_bundle(name)) for name in SUFFIXES}
     summary: dict = {"machine": machine(), "command": "sol-control bench all" + (" --quick" if args.quick else "")}
     run_stages(args, bundles, summary)
     (out / "README.md").write_text(markdown(summary))

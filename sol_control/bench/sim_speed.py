@@ -9,8 +9,7 @@ import json
 import os
 import time
 
-from .common import write_json
-from .stats import pct
+from .common import pct, write_json
 
 
 def measure(repeats: int = 5, renders: int = 200, steps: int = 5000) -> dict:

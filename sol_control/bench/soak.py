@@ -42,9 +42,9 @@ from pathlib import Path
 
 import numpy as np
 
-from sol_control.bench.common import table
-from sol_control.bench.stats import rss_bytes
+from sol_control.bench.common import rss_bytes, table
 from sol_control.budget import NS_PER_MS, NS_PER_S
+from sol_control.sim.scoring import drift  # median of the last third - of the first, per window
 
 NOMINAL_HZ = 30.0
 HIST_BIN_MS = 0.01
@@ -69,13 +69,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 # -- inputs ---------------------------------------------------------------------------------------
-def _pool(task: str, n: int) -> list[tuple[np.ndarray, np.ndarray | None]]:
-    """(image, joints or None) of the task's first `n` test-split scenes."""
-    from sol_control.bench.decode_bench import scene_samples
-
-    return [(s.image, getattr(s, "joints_rad", None)) for s in scene_samples(task, n)]
-
-
 def _telemetry(image: np.ndarray, joints_rad: np.ndarray | None, stamp_ns: int):
     """A camera frame arriving now (its budget starts at `stamp_ns`), with the scene's joints."""
     from sol_control.telemetry import Frame, Joints, Telemetry
@@ -142,7 +135,7 @@ class TaskRecord:
 
     def summary(self, deadline_ms: float) -> dict:
         w = self.window_p99_ms
-        drift = _drift(w)
+        p99_drift = drift(w)
         median_p99 = float(np.median(w)) if w else math.nan
         return {
             "deadline_ms": deadline_ms, "decisions": self.decisions,
@@ -152,8 +145,9 @@ class TaskRecord:
             "late_not_safe_default": self.late_not_safe, "worst_late_not_safe_default_ms": self.worst_late_ms,
             "mislabelled": self.mislabelled, "late_after_label": self.late_after_label,
             "label_lag_p99_ms": self.pct(99, self.lag_hist), "label_lag_max_ms": self.pct(100, self.lag_hist),
-            "window_p99_ms": [round(x, 3) for x in w], "median_window_p99_ms": median_p99, "p99_drift_ms": drift,
-            "p99_stable": drift <= max(2.0, 0.25 * median_p99) if w else False,
+            "window_p99_ms": [round(x, 3) for x in w], "median_window_p99_ms": median_p99,
+            "p99_drift_ms": p99_drift,
+            "p99_stable": p99_drift <= max(2.0, 0.25 * median_p99) if w else False,
         }
 
 
@@ -213,8 +207,9 @@ class Driver:
                 if now < next_tick:
                     time.sleep((next_tick - now) / NS_PER_S)
                     continue
-                image, joints = self.pool[self.ticks % POOL]
-                self.runner.offer(_telemetry(image, joints, stamp_ns=next_tick))
+                scene = self.pool[self.ticks % POOL]  # a test-split sample
+                joints = getattr(scene, "joints_rad", None)
+                self.runner.offer(_telemetry(scene.image, joints, stamp_ns=next_tick))
                 self.ticks += 1
                 next_tick += self.period_ns
         finally:
@@ -239,6 +234,7 @@ class Driver:
 
 
 def soak(args: argparse.Namespace) -> dict:
+    from sol_control.bench.decode_bench import scene_samples
     from sol_control.coprocessor import Coprocessor, share_gil_quickly
 
     share_gil_quickly()  # as the node does
@@ -251,7 +247,7 @@ def soak(args: argparse.Namespace) -> dict:
     cop = Coprocessor(cfg)
     try:
         cop.warmup()
-        pools = {t: _pool(t, POOL) for t in cop.tasks}
+        pools = {t: scene_samples(t, POOL) for t in cop.tasks}  # test-split scenes
         records = {t: TaskRecord(int(rate_hz * args.window_s) + 16, cfg.deadline.publish_margin_ms,
                                  args.label_tolerance_ms) for t in cop.tasks}
         rss_series: list[tuple[float, float]] = []
@@ -275,14 +271,6 @@ def soak(args: argparse.Namespace) -> dict:
     return _report(cfg, args, records, rss_series, warmup_s, wall_s, drivers)
 
 
-def _drift(series: list[float]) -> float:
-    """Median of the last third minus median of the first third of a per-window series."""
-    if len(series) < 2:
-        return 0.0
-    third = max(1, len(series) // 3)
-    return float(np.median(series[-third:])) - float(np.median(series[:third]))
-
-
 def _report(cfg, args, records, rss_series, warmup_s, wall_s, drivers) -> dict:
     after = [mb for t, mb in rss_series if t >= warmup_s]
     warm = float(np.median(after[:5])) if after else math.nan
@@ -293,7 +281,7 @@ def _report(cfg, args, records, rss_series, warmup_s, wall_s, drivers) -> dict:
         tasks[d.task].update({
             "frames": d.ticks, "frames_decided": d.decided, "frames_skipped": d.skipped,
             "rejected_inputs": d.rejected, "failed": d.failed, "cpu_ms_per_decision": [round(x, 4) for x in cpu],
-            "cpu_drift": _drift(cpu) / max(float(np.median(cpu)), 1e-9) if cpu else math.nan})
+            "cpu_drift": drift(cpu) / max(float(np.median(cpu)), 1e-9) if cpu else math.nan})
     unlabelled = sum(d.failed for d in drivers) + sum(s["mislabelled"] for s in tasks.values())
     growth = last - warm
     criteria = {"rss_growth_under_5mb": bool(growth < 5.0), "zero_unlabelled_misses": unlabelled == 0,

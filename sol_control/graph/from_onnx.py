@@ -1,8 +1,8 @@
 """Read a Llama decoder's weights back out of our exported fp32 ONNX graph (numpy + onnx only).
 
 The one place that knows how `tools/export.py` (torch dynamo, opset 23) lays a Llama out in ONNX;
-`sol_control.bench.peers.hf_folder` (Hugging Face folders for the peer engines) and the fused graph builder
-(`sol_control.graph.llama`) both start from `read_decoder`.
+`sol_control.lm.hf_from_onnx` (Hugging Face folders for the peer engines and for training) and the
+fused graph builder (`sol_control.graph.llama`) both start from `read_decoder`.
 
 Projections become anonymous MatMul inputs (`val_44`, stored as W^T: [in, out]) and identical
 initializers are merged (two all-ones norms share one weight, named after the first), so names

@@ -1,4 +1,5 @@
-"""The two peer processes of `sol-control bench node` (rclpy lives here, not in bench/).
+"""The ROS side of `sol-control bench node` and `bench cold-start` (rclpy lives here, not in bench/):
+a camera that feeds the node test-split scenes, and listeners for its decisions and diagnostics.
 
     python -m sol_control.ros.bench_peers publish --task qc --seconds 10 --out pub.json
         camera images (rgb8, test-split scenes, stamped at send) at --image-hz and joint states at
@@ -6,11 +7,19 @@
     python -m sol_control.ros.bench_peers subscribe --task qc --out sub.json
         records every decision: stamp, receipt time (ROS clock), source, deadline_met, stage times,
         CPU ms; stops on SIGINT
+
+Cold start (`starts`, in the bench's process): per start, spawn the node while the camera publishes
+a fresh image every 20 ms (and joint states for grasp); time the spawn to the first decision on one
+of this start's frames (a sensor-timeout safe default does not count), with the node's `startup.*`
+diagnostics; then SIGKILL the node, as a crash would, so the next start meets the dead node's DDS
+leftovers, as a respawn does.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import signal
+import subprocess
 import sys
 import time
 
@@ -20,7 +29,11 @@ from rclpy.executors import ExternalShutdownException
 from sensor_msgs.msg import Image, JointState
 
 from sol_control.ros import qos
-from sol_control.ros.convert import image_to_ros, stamp_to_ros
+from sol_control.ros.convert import header, image_to_ros
+
+NODE_STATUS = "sol_control: node"  # the node's own status on /diagnostics
+IMAGE_PERIOD_S = 0.02  # cold start: a fresh image every 20 ms
+START_TIMEOUT_S = 120.0
 
 
 def scene_pool(task: str, n: int) -> list:
@@ -31,12 +44,29 @@ def scene_pool(task: str, n: int) -> list:
     return [(s.image, getattr(s, "joints_rad", None)) for s in (make_sample("test", i) for i in range(n))]
 
 
+def decision_topic(task: str) -> str:
+    return "qc/verdict" if task == "qc" else "grasp/decision"
+
+
+def publishers(node) -> tuple:
+    """The camera's image and joint-state publishers on `node`."""
+    return (node.create_publisher(Image, "camera/image_raw", qos.sensor_qos(1000.0)),
+            node.create_publisher(JointState, "joint_states", qos.sensor_qos(1000.0)))
+
+
+def joint_state(q, stamp_ns: int) -> JointState:
+    return JointState(header=header(stamp_ns, ""), name=[f"joint{k + 1}" for k in range(len(q))],
+                      position=[float(x) for x in q])
+
+
+# ---- `bench node`: the publisher and the subscriber processes ---------------------------------------
+
 def _wait_active(node, timeout_s: float) -> bool:
     state = {"active": False}
 
     def on_diag(msg: DiagnosticArray) -> None:
         for s in msg.status:
-            if s.name == "sol_control: node" and any(v.key == "state" and v.value == "active" for v in s.values):
+            if s.name == NODE_STATUS and any(v.key == "state" and v.value == "active" for v in s.values):
                 state["active"] = True
     sub = node.create_subscription(DiagnosticArray, "/diagnostics", on_diag, 10)
     t0 = time.monotonic()
@@ -49,8 +79,7 @@ def _wait_active(node, timeout_s: float) -> bool:
 def publish(args: argparse.Namespace) -> int:
     rclpy.init()
     node = rclpy.create_node("sol_control_bench_publisher")
-    images = node.create_publisher(Image, "camera/image_raw", qos.sensor_qos(1000.0))
-    joints = node.create_publisher(JointState, "joint_states", qos.sensor_qos(1000.0))
+    images, joints = publishers(node)
     scenes = scene_pool(args.task, args.scenes)
     if not _wait_active(node, args.wait_s):
         print("node never became active", file=sys.stderr)
@@ -65,10 +94,7 @@ def publish(args: argparse.Namespace) -> int:
     while (now := time.monotonic()) - t0 < args.seconds:
         if now >= next_joint and args.joint_hz > 0:
             q = scenes[i % len(scenes)][1]
-            pos = [float(x) for x in q] if q is not None else [0.0] * 6
-            j = JointState(name=[f"joint{k + 1}" for k in range(len(pos))], position=pos)
-            j.header.stamp = stamp_to_ros(clock.now().nanoseconds)
-            joints.publish(j)
+            joints.publish(joint_state(q if q is not None else [0.0] * 6, clock.now().nanoseconds))
             next_joint += joint_period
         if now >= next_img:
             stamp = clock.now().nanoseconds
@@ -96,8 +122,7 @@ def subscribe(args: argparse.Namespace) -> int:
         rows.append([int(kv["stamp"]), recv, kv["source"], kv["deadline_met"] == "true", float(kv["latency_ms"]),
                      kv["reason"], float(kv.get("queue_ms", "nan")), float(kv.get("perception_ms", "nan")),
                      float(kv.get("fast_ms", "nan")), float(kv.get("full_ms", "nan")), float(kv.get("cpu_ms", "nan"))])
-    topic = "qc/verdict" if args.task == "qc" else "grasp/decision"
-    node.create_subscription(DiagnosticStatus, topic, on_decision, qos.decision_qos(0))
+    node.create_subscription(DiagnosticStatus, decision_topic(args.task), on_decision, qos.decision_qos(0))
     try:
         while rclpy.ok():
             rclpy.spin_once(node, timeout_sec=0.1)
@@ -109,6 +134,86 @@ def subscribe(args: argparse.Namespace) -> int:
     node.destroy_node()
     rclpy.try_shutdown()
     return 0
+
+
+# ---- `bench cold-start`: spawn, first decision, SIGKILL -----------------------------------------------
+
+class Probe:
+    """The camera (and joints) the node decides on, and the listener for its decisions and diagnostics."""
+
+    def __init__(self, task: str):
+        self.node = rclpy.create_node("sol_control_cold_start_probe")
+        self.task, self.scenes, self.i = task, scene_pool(task, 8), 0
+        self.images, self.joints = publishers(self.node)
+        self.node.create_subscription(DiagnosticStatus, decision_topic(task), self._on_decision,
+                                      qos.decision_qos(0.0))
+        self.node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diagnostics, 10)
+        self.first_decision_mono: float | None = None
+        self.startup: dict[str, float] = {}
+        self.since_ns = 0
+        self.sent: set[int] = set()
+
+    def reset(self) -> None:
+        """Forget the last start; diagnostics stamped before now are the dead node's."""
+        self.first_decision_mono, self.startup, self.sent = None, {}, set()
+        self.since_ns = self.node.get_clock().now().nanoseconds
+
+    def _on_decision(self, msg: DiagnosticStatus) -> None:
+        """Only a decision on one of this start's frames counts (not a sensor-timeout safe default)."""
+        stamp = next((int(v.value) for v in msg.values if v.key == "stamp"), 0)
+        if self.first_decision_mono is None and stamp in self.sent:
+            self.first_decision_mono = time.monotonic()
+
+    def _on_diagnostics(self, msg: DiagnosticArray) -> None:
+        if msg.header.stamp.sec * 10**9 + msg.header.stamp.nanosec < self.since_ns:
+            return
+        for s in msg.status:
+            if s.name == NODE_STATUS:
+                got = {v.key[len("startup."):-2]: float(v.value) for v in s.values if v.key.startswith("startup.")}
+                if "first_decision" in got:
+                    self.startup = got
+
+    def publish(self) -> None:
+        image, q = self.scenes[self.i % len(self.scenes)]
+        stamp = self.node.get_clock().now().nanoseconds
+        if q is not None:
+            self.joints.publish(joint_state(q, stamp))
+        self.images.publish(image_to_ros(image, stamp, f"{self.task}_camera"))
+        self.sent.add(stamp)
+        self.i += 1
+
+
+def one_start(probe: Probe, cmd: list[str], env: dict) -> dict:
+    probe.reset()
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    next_image = t0
+    try:
+        while time.monotonic() - t0 < START_TIMEOUT_S and proc.poll() is None:
+            if time.monotonic() >= next_image:
+                probe.publish()
+                next_image += IMAGE_PERIOD_S
+            rclpy.spin_once(probe.node, timeout_sec=0.005)
+            if probe.first_decision_mono is not None and probe.startup:
+                break
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    if probe.first_decision_mono is None:
+        raise ValueError(f"no decision within {START_TIMEOUT_S:.0f} s of the start (exit code {proc.returncode})")
+    return {"spawn_to_decision_s": probe.first_decision_mono - t0, "startup_s": probe.startup}
+
+
+def starts(task: str, cmd: list[str], env: dict, n: int) -> list[dict]:
+    """`n` starts of the node command `cmd`, one after another, on the ROS domain of `env`."""
+    rclpy.init(domain_id=int(env["ROS_DOMAIN_ID"]))
+    probe = Probe(task)
+    try:
+        return [one_start(probe, cmd, env) for _ in range(n)]
+    finally:
+        probe.node.destroy_node()
+        rclpy.try_shutdown()
 
 
 def main(argv: list[str] | None = None) -> int:

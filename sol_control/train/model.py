@@ -74,9 +74,9 @@ def n_params(model) -> int:
 
 def target_from_bundle(bundle_dir: Path, work: Path) -> LlamaForCausalLM:
     """The bundle's fp32 target as a transformers model: its weights read back from the ONNX file
-    (sol_control.bench.peers.hf_folder, bit-identical), so training starts from exactly the target
+    (sol_control.lm.hf_from_onnx, bit-identical), so training starts from exactly the target
     that ships."""
-    from sol_control.bench.peers.hf_folder import convert_bundle
+    from sol_control.lm.hf_from_onnx import convert_bundle
 
     folder = work / "hf_from_bundle"
     if not (folder / "target" / "config.json").is_file():

@@ -6,7 +6,7 @@ Two halves, several venvs:
   engine in its own venv (`bash tools/setup_peers.sh`) as `python -m sol_control.bench.peers
   worker` and returns one row per engine, mode and precision, with agreement against the standard
   outputs. An engine whose venv is missing is skipped with a note.
-- the worker runs inside the engine's venv:
+- the worker (`common.worker`: one step of these rows or of `peers.lm`'s) runs in the engine's venv:
     ort-genai     .venv-peers  ONNX Runtime GenAI, plain and speculative (fp32, its own int4)
     transformers  .venv-peers  Hugging Face transformers, plain and assisted generation (fp32)
     openvino      .venv-ov     OpenVINO GenAI, plain and speculative (fp32, its own int8/int4)
@@ -15,8 +15,8 @@ Two halves, several venvs:
   importing this module in the runtime venv never pulls them in.
 
 Weights: Hugging Face folders rebuilt from the bundle's own fp32 ONNX files by
-`sol_control.bench.peers.hf_folder` (bit-identical tensors, cached under `.work/peers/hf/`), so every engine
-runs exactly the weights we ship; each row says so (`weights_from`).
+`sol_control.lm.hf_from_onnx` (bit-identical tensors, cached under `.work/peers/hf/`), so every
+engine runs exactly the weights we ship; each row says so (`weights_from`).
 
 Every peer decodes exactly `new_tokens` tokens, greedy, with the same thread count as ours. Peers
 stop on EOS/pad by default; we disable that (transformers, OpenVINO `ignore_eos`, llama.cpp by
@@ -24,6 +24,7 @@ taking tokens from its generator ourselves) or resume after the stop token (ORT 
 decisions are fixed-length.
 
     python -m sol_control.bench.peers --bundle models/grasp [--quick] [--json peers.json]
+    python -m sol_control.bench.peers --gguf G [--reference]    # the LM workload: peers.lm
 """
 from __future__ import annotations
 
@@ -31,7 +32,6 @@ import argparse
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 from dataclasses import asdict
@@ -39,68 +39,23 @@ from pathlib import Path
 
 import numpy as np
 
-from ..common import REPO, table
-from ..stats import equal_share, token_share
-from .common import (ENGINES, PRECISIONS, VENVS, WEIGHTS_FROM, ServedWorker, Workload, serve_decisions,
-                     time_decisions, worker_env)
-
-# the worker imports its engine module only: the others may not even install in its venv
-RUNNERS = {"ort-genai": ("ort_genai", "run_genai"), "transformers": ("hf_transformers", "run_transformers"),
-           "openvino": ("ov_genai", "run_openvino"), "llama.cpp": ("llamacpp", "run_llama")}
-
-
-def worker(spec_path: Path, out_path: Path) -> None:
-    spec = json.loads(spec_path.read_text())
-    w = Workload(**spec["workload"])
-    hf_target, hf_draft = Path(spec["hf_target"]), spec.get("hf_draft") and Path(spec["hf_draft"])
-    engine, work = spec["engine"], Path(spec["work"])
-    precisions = tuple(spec.get("precisions") or PRECISIONS.get(engine, ("fp32",)))
-    if engine not in RUNNERS:
-        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
-    import importlib
-
-    module, fn = RUNNERS[engine]
-    run = getattr(importlib.import_module(f"{__name__}.{module}"), fn)
-    timer = serve_decisions(spec["serve_mode"]) if spec.get("serve_mode") else time_decisions
-    rows = (run(hf_target, hf_draft, w, timer=timer) if engine == "transformers"
-            else run(hf_target, hf_draft, w, work, precisions, timer=timer))
-    if spec.get("serve_mode") and not any("served" in r for r in rows):
-        raise ValueError(f"{engine} has no {spec['serve_mode']} row at {list(precisions)}")
-    out_path.write_text(json.dumps({"rows": rows}))
+from ..common import REPO, equal_share, table, token_share
+from .common import (ENGINES, PRECISIONS, VENVS, WEIGHTS_FROM, ServedWorker, Workload, build_once,
+                     call_worker, serve_worker, worker)
 
 
 def venv_python(engine: str) -> Path:
     return VENVS[engine][0] / "bin" / "python"
 
 
-def _write_spec(engine: str, hf_target: Path, hf_draft: Path | None, w: Workload, work: Path, precisions=None,
-                serve_mode: str | None = None) -> tuple[Path, Path]:
-    """The worker's spec file (and where it writes its rows), in `work`."""
-    work.mkdir(parents=True, exist_ok=True)
+def decision_spec(engine: str, hf_target: Path, hf_draft: Path | None, w: Workload, work: Path,
+                  precisions=None, mode: str | None = None) -> dict:
+    """What a decision worker is told: the HF folders, the workload, the precisions of `precisions`
+    the engine runs (default: all it runs), and for serving, the row's mode."""
     wanted = PRECISIONS.get(engine, ("fp32",))
-    spec = {"engine": engine, "hf_target": str(hf_target), "hf_draft": str(hf_draft) if hf_draft else None,
-            "workload": asdict(w), "work": str(work), "precisions": [p for p in (precisions or wanted) if p in wanted],
-            "serve_mode": serve_mode}
-    tag = f"{engine}-serve" if serve_mode else engine
-    spec_path = work / f"{tag}-spec.json"
-    spec_path.write_text(json.dumps(spec))
-    return spec_path, work / f"{tag}-rows.json"
-
-
-def _worker_argv(python: Path, spec_path: Path, out_path: Path | str) -> list[str]:
-    return [str(python), "-m", "sol_control.bench.peers", "worker", str(spec_path), str(out_path)]
-
-
-def run_peer(engine: str, hf_target: Path, hf_draft: Path | None, w: Workload, work: Path,
-             python: Path | None = None, precisions=None, timeout_s: float = 3600) -> list[dict]:
-    """Run one engine's worker in its venv (`python`, default the engine's own); its rows (with outputs)."""
-    python = Path(python or venv_python(engine))
-    spec_path, out_path = _write_spec(engine, hf_target, hf_draft, w, work, precisions)
-    proc = subprocess.run(_worker_argv(python, spec_path, out_path), env=worker_env(w.threads), capture_output=True,
-                          text=True, timeout=timeout_s)
-    if proc.returncode != 0:
-        raise RuntimeError(f"peer {engine} failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    return json.loads(out_path.read_text())["rows"]
+    return {"engine": engine, "step": "run", "mode": mode, "hf_target": str(hf_target),
+            "hf_draft": str(hf_draft) if hf_draft else None, "workload": asdict(w), "work": str(work),
+            "precisions": [p for p in (precisions or wanted) if p in wanted]}
 
 
 def agreement(outputs: list[list[int]], reference: list[list[int]]) -> dict:
@@ -109,13 +64,13 @@ def agreement(outputs: list[list[int]], reference: list[list[int]]) -> dict:
 
 def hf_folders(bundle, cache: Path | None = None) -> tuple[Path, Path | None]:
     """HF folders holding exactly the bundle's weights: rebuilt from its fp32 ONNX files by
-    `hf_folder.convert_bundle` (onnx + numpy, no torch) and cached under
+    `lm.hf_from_onnx.convert_bundle` (onnx + numpy, no torch) and cached under
     `.work/peers/hf/<bundle name>-<sha256 prefix of those files>/{target,draft}`.
 
     Always from the bundle, never from `.work/<task>/` (what `make models` trains): that folder
     can hold other weights than the shipped ones (it did for the qc draft, retrained later), and a
     fresh clone does not have it."""
-    from .hf_folder import convert_bundle
+    from ...lm.hf_from_onnx import convert_bundle
 
     m = bundle.manifest
     roles = {"target": m.target} | ({"draft": m.draft} if m.draft is not None and "fp32" in m.draft.files else {})
@@ -124,11 +79,7 @@ def hf_folders(bundle, cache: Path | None = None) -> tuple[Path, Path | None]:
     if not all((folder / role / "config.json").is_file() for role in roles):
         for spec in roles.values():
             bundle.path(spec.files["fp32"])  # sha256 checked
-        tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        convert_bundle(bundle.root, tmp)
-        shutil.rmtree(folder, ignore_errors=True)
-        tmp.rename(folder)  # whole or not at all
+        build_once(folder, lambda tmp: convert_bundle(bundle.root, tmp))
     return folder / "target", (folder / "draft" if "draft" in roles else None)
 
 
@@ -172,10 +123,9 @@ def serve_row(bundle, row: dict, threads: int = 1, timeout_s: float = 600) -> Se
     hf_target, hf_draft = hf_folders(bundle)
     work = peers_work(bundle, hf_target, hf_draft) / engine
     precision = row["precision"].split()[0]  # llama.cpp's rows say "int4 (Q4_0)"
-    spec_path, _ = _write_spec(engine, hf_target, hf_draft, decision_workload(bundle, threads=threads), work,
-                               [precision], serve_mode=row["mode"])
-    return ServedWorker(_worker_argv(venv_python(engine), spec_path, os.devnull), worker_env(threads),
-                        spec_path.with_suffix(".log"), timeout_s)
+    w = decision_workload(bundle, threads=threads)
+    spec = decision_spec(engine, hf_target, hf_draft, w, work, [precision], row["mode"])
+    return serve_worker(engine, spec, work, f"{engine}-serve", threads, timeout_s)
 
 
 def run_all(bundle, quick: bool = False, engines=ENGINES, python: Path | None = None,
@@ -206,7 +156,8 @@ def run_all(bundle, quick: bool = False, engines=ENGINES, python: Path | None = 
     rows, errors = [], {}
     for engine in available:
         try:
-            for row in run_peer(engine, hf_target, hf_draft, w, work / engine, python, precisions):
+            spec = decision_spec(engine, hf_target, hf_draft, w, work / engine, precisions)
+            for row in call_worker(engine, spec, work / engine, engine, threads, 3600, python)["rows"]:
                 row.update(agreement(row.pop("outputs"), reference), weights_from=weights_from)
                 rows.append(row)
         except (RuntimeError, subprocess.TimeoutExpired, OSError) as e:
@@ -242,18 +193,28 @@ def main(argv: list[str] | None = None) -> int:
     from ...bundle import Bundle
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bundle", type=Path, required=True)
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--engines", nargs="*", default=list(ENGINES), choices=ENGINES)
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--bundle", type=Path, help="the bundle's decision workload, on its own weights")
+    src.add_argument("--gguf", type=Path, help="the LM workload (`peers.lm`), on a Llama GGUF's weights")
+    ap.add_argument("--quick", action="store_true", help="fewer decisions, rounds, prompts")
+    ap.add_argument("--engines", nargs="*", default=None, choices=ENGINES, help="default: every engine")
     ap.add_argument("--hf-target", type=Path, default=None)
     ap.add_argument("--hf-draft", type=Path, default=None)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--precisions", nargs="*", default=None, choices=("fp32", "int8", "int4"),
                     help="only these (default: each engine's own list)")
+    ap.add_argument("--workload", type=Path, default=None, help="LM: default lm_workload.json")
+    ap.add_argument("--reference", action="store_true", help="LM: tokens against our fp32 engine's")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
-    result = run_all(Bundle.load(args.bundle), args.quick, tuple(args.engines), hf_target=args.hf_target,
+    if args.threads < 1:
+        ap.error(f"--threads must be positive, got {args.threads}")
+    if args.gguf is not None:
+        from .lm import lm_main
+
+        return lm_main(args)
+    result = run_all(Bundle.load(args.bundle), args.quick, tuple(args.engines or ENGINES), hf_target=args.hf_target,
                      hf_draft=args.hf_draft, threads=args.threads, k=args.k, precisions=args.precisions)
     if result.get("note"):
         print(result["note"])

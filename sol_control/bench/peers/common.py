@@ -1,9 +1,11 @@
-"""What every peer runner shares: the workload, the timing loop, where the venvs are."""
+"""What every peer runner shares: the workloads, the timing loops, where the venvs are, and the
+worker (one step of a peer row in its engine's venv) with the calls that start it from our venv."""
 from __future__ import annotations
 
 import json
 import os
 import select
+import shutil
 import subprocess
 import sys
 import time
@@ -13,8 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..common import REPO
-from ..stats import ms_since, pct, rss_bytes
+from ..common import REPO, ms_since, pct, rss_bytes
 
 PEERS_VENV = REPO / ".venv-peers"
 OV_VENV = REPO / ".venv-ov"
@@ -99,7 +100,7 @@ def next_loop_context(context: list[int], answer: list[int], turn: list[int], cl
     """The conversation after one round: + the answer + what closes it + the next user turn. An
     answer that ended on the end-of-turn id (close[0]) keeps it and gets the rest of `close`; one
     that ended on another stop id loses that id (the template's text has no place for it); one cut
-    at max tokens gets all of `close`. (As `bench.lm_rows.Conversation` renders it.)"""
+    at max tokens gets all of `close`. (Our rows' contexts too: `bench.lm_rows.run_workload`.)"""
     if answer and answer[-1] == close[0]:
         return context + answer + close[1:] + turn
     if answer and answer[-1] in stop_ids:
@@ -289,6 +290,88 @@ class ServedWorker:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# ---- the worker: one step of a peer row in the engine's venv, and how our side calls it ---------------
+
+# the worker imports its engine's module only: the others may not even install in its venv
+MODULES = {"ort-genai": "ort_genai", "transformers": "hf_transformers", "openvino": "ov_genai",
+           "llama.cpp": "llamacpp"}
+
+
+def worker(spec_path: Path, out_path: Path) -> None:
+    """`python -m sol_control.bench.peers worker SPEC OUT`, in the engine's venv: one step of the
+    decision rows (`decision_step`) or of an LM row (`lm_step`), its output as JSON in OUT."""
+    import importlib
+
+    spec = json.loads(spec_path.read_text())
+    engine = importlib.import_module(f"{__package__}.{MODULES[spec['engine']]}")
+    step = lm_step if "work_ids" in spec else decision_step
+    out_path.write_text(json.dumps(step(engine, spec)))
+
+
+def decision_step(engine, spec: dict) -> dict:
+    """Every decision row of the engine (`run`), or the one of `mode` served (`serve`)."""
+    w, serve_mode = Workload(**spec["workload"]), spec["mode"] if spec["step"] == "serve" else None
+    precisions = tuple(spec["precisions"] or PRECISIONS[spec["engine"]])
+    timer = serve_decisions(serve_mode) if serve_mode else time_decisions
+    hf_target, hf_draft = Path(spec["hf_target"]), spec["hf_draft"] and Path(spec["hf_draft"])
+    rows = engine.run_decisions(hf_target, hf_draft, w, Path(spec["work"]), precisions, timer=timer)
+    if serve_mode and not any("served" in r for r in rows):
+        raise ValueError(f"{spec['engine']} has no {serve_mode} row at {list(precisions)}")
+    return {"rows": rows}
+
+
+def lm_step(engine, spec: dict) -> dict:
+    """An LM row's step in the engine's venv (`worker`): its model prepared, the row run or served."""
+    w = LMWork(**spec["work_ids"])
+    src = Path(spec["gguf"] if spec.get("native") else spec["hf_dir"])
+    if spec["step"] == "prepare":
+        return engine.prepare_lm(src, Path(spec["work"]), spec["precision"], w.threads)
+    timer = {"run": time_lm, "serve": serve_lm}[spec["step"]]
+    return engine.run_lm(src, w, Path(spec["work"]), spec["precision"], spec["mode"], timer=timer)
+
+
+def worker_argv(engine: str, spec_path: Path, out_path: Path | str, python: Path | None = None) -> list[str]:
+    """The worker's command in the engine's venv (`python`: another interpreter)."""
+    python = python or VENVS[engine][0] / "bin" / "python"
+    return [str(python), "-m", "sol_control.bench.peers", "worker", str(spec_path), str(out_path)]
+
+
+def call_worker(engine: str, spec: dict, work: Path, tag: str, threads: int, timeout_s: float,
+                python: Path | None = None) -> dict:
+    """One worker step in the engine's venv (`python`: another interpreter), its output; the spec,
+    the output and the worker's log stay in `work` as `tag`.*."""
+    work.mkdir(parents=True, exist_ok=True)
+    spec_path, out_path = work / f"{tag}.spec.json", work / f"{tag}.out.json"
+    spec_path.write_text(json.dumps(spec))
+    out_path.unlink(missing_ok=True)
+    proc = subprocess.run(worker_argv(engine, spec_path, out_path, python), env=worker_env(threads),
+                          capture_output=True, text=True, timeout=timeout_s)
+    (work / f"{tag}.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0 or not out_path.is_file():
+        raise RuntimeError(f"peer {engine} {spec['step']} failed ({proc.returncode}): {proc.stderr[-1500:]}")
+    return json.loads(out_path.read_text())
+
+
+def serve_worker(engine: str, spec: dict, work: Path, tag: str, threads: int, timeout_s: float = 600,
+                 cls=ServedWorker) -> ServedWorker:
+    """The engine's worker kept running with the "serve" step of `spec` (its log: `work`/`tag`.log)."""
+    work.mkdir(parents=True, exist_ok=True)
+    spec_path = work / f"{tag}.spec.json"
+    spec_path.write_text(json.dumps({**spec, "step": "serve"}))
+    argv = worker_argv(engine, spec_path, os.devnull)
+    return cls(argv, worker_env(threads), work / f"{tag}.log", timeout_s)
+
+
+def build_once(folder: Path, build: Callable[[Path], object]) -> Path:
+    """`folder` made by `build(tmp)` in a temporary folder beside it, then renamed: whole or not at all."""
+    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    build(tmp)
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.rename(folder)
+    return folder
 
 
 def folder_mb(path) -> float:

@@ -60,7 +60,9 @@ def transformers_decide(model, new_tokens: int, assistant=None) -> Decide:
     return decide
 
 
-def run_transformers(hf_target: Path, hf_draft: Path | None, w: Workload, timer=time_decisions) -> list[dict]:
+def run_decisions(hf_target: Path, hf_draft: Path | None, w: Workload, work: Path | None = None,
+                  precisions=("fp32",), timer=time_decisions) -> list[dict]:
+    """fp32 only (`work` and `precisions` are the other runners' arguments)."""
     target = load_model(hf_target, w.threads)
     target.generation_config.eos_token_id = None  # fixed-length decisions, like ours
     rows = [timed_row("transformers", "plain", "fp32", transformers_decide(target, w.new_tokens), w, timer)]
@@ -105,13 +107,13 @@ def transformers_lm_generate(model, stop_ids, lookup: int | None = None) -> LMGe
     return generate
 
 
-def prepare_transformers_lm(hf_dir: Path, work: Path, precision: str, threads: int) -> dict:
+def prepare_lm(hf_dir: Path, work: Path, precision: str, threads: int) -> dict:
     if precision != "fp32":
         raise ValueError(f"transformers runs fp32 only here, got {precision!r}")
     return {"format": "fp32 (torch eager, sdpa)", "model_mb": folder_mb(hf_dir / "model.safetensors")}
 
 
-def run_transformers_lm(hf_dir: Path, w: LMWork, work: Path, precision: str, mode: str, timer=time_lm) -> dict:
+def run_lm(hf_dir: Path, w: LMWork, work: Path, precision: str, mode: str, timer=time_lm) -> dict:
     model = load_model(hf_dir, w.threads)
     lookup = HF_LOOKUP_TOKENS if mode == "lookup" else None
     note = ("DynamicCache kept across loop rounds" if lookup is None else

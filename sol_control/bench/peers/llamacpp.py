@@ -170,33 +170,35 @@ def llama_draft_model(draft, k: int):
     return Draft()
 
 
-def llama_decide(llm, new_tokens: int, draft=None) -> Decide:
+def llama_tokens(llm, ids: list[int], max_new_tokens: int, stops=()) -> tuple[list[int], float]:
     """llama-cpp-python's own `generate()` loop (the one path that drives `draft_model`), greedy
-    (temp 0), for plain and speculative alike. It never stops by itself: EOS handling lives in its
-    completion API, so taking exactly `new_tokens` tokens gives fixed-length decisions."""
+    (temp 0): the tokens up to a stop id (kept) or `max_new_tokens`, and ms to the first. It never
+    stops by itself: EOS handling lives in its completion API."""
+    tokens, first_ms = [], None
+    t0 = time.monotonic_ns()
+    for token in llm.generate(ids, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0, reset=True):
+        if first_ms is None:
+            first_ms = (time.monotonic_ns() - t0) / 1e6
+        tokens.append(int(token))
+        if token in stops or len(tokens) == max_new_tokens:
+            break
+    return tokens, first_ms or 0.0
+
+
+def llama_decide(llm, new_tokens: int, draft=None) -> Decide:
+    """Plain and speculative alike: exactly `new_tokens` tokens (fixed-length decisions)."""
     def decide(prefix: list[int]):
         llm.reset()
         if draft is not None:
             draft.reset()
-        tokens, ttft_ms = [], None
-        t0 = time.perf_counter()
-        for token in llm.generate(prefix, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0,
-                                  reset=True):
-            if ttft_ms is None:
-                ttft_ms = (time.perf_counter() - t0) * 1e3
-            tokens.append(int(token))
-            if len(tokens) == new_tokens:
-                break
-        info = {}
-        if draft is not None:
-            info["acceptance"] = draft.acceptance(len(prefix), tokens)
-        return tokens, ttft_ms or 0.0, info
+        tokens, ttft_ms = llama_tokens(llm, prefix, new_tokens)
+        return tokens, ttft_ms, {} if draft is None else {"acceptance": draft.acceptance(len(prefix), tokens)}
 
     return decide
 
 
-def run_llama(hf_target: Path, hf_draft: Path | None, w: Workload, work: Path,
-              precisions=PRECISIONS["llama.cpp"], timer=time_decisions) -> list[dict]:
+def run_decisions(hf_target: Path, hf_draft: Path | None, w: Workload, work: Path,
+                  precisions=PRECISIONS["llama.cpp"], timer=time_decisions) -> list[dict]:
     rows = []
     draft_gguf = gguf_convert(hf_draft, work / "gguf-draft", "fp32", w.threads) if hf_draft else None
     for prec in precisions:
@@ -223,23 +225,14 @@ LM_FORMATS = {"int4": "GGUF Q4_1 linears, Q8_0 embedding (the file itself)",
 
 
 def llama_lm_generate(llm, stop_ids) -> LMGenerate:
-    """llama-cpp-python's `generate()` (greedy, temp 0): a prompt resets the context; a loop round
-    passes the whole conversation and `generate` keeps the KV cache of the longest prefix it holds
-    (its own prefix match). It never stops by itself: we stop at a stop id or max new tokens."""
+    """A prompt resets the context; a loop round passes the whole conversation and `generate` keeps
+    the KV cache of the longest prefix it holds (its own prefix match)."""
     stops = set(stop_ids)
 
     def generate(ids: list[int], max_new_tokens: int, keep: bool):
         if not keep:
             llm.reset()
-        tokens, first_ms = [], None
-        t0 = time.monotonic_ns()
-        for token in llm.generate(ids, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0, reset=True):
-            if first_ms is None:
-                first_ms = (time.monotonic_ns() - t0) / 1e6
-            tokens.append(int(token))
-            if token in stops or len(tokens) == max_new_tokens:
-                break
-        return tokens, first_ms or 0.0
+        return llama_tokens(llm, ids, max_new_tokens, stops)
 
     return generate
 
@@ -249,7 +242,7 @@ def lm_gguf(src: Path, work: Path, precision: str, threads: int) -> Path:
     return src if precision == "int4" else gguf_convert(src, work / "gguf", precision, threads)
 
 
-def prepare_llama_lm(src: Path, work: Path, precision: str, threads: int) -> dict:
+def prepare_lm(src: Path, work: Path, precision: str, threads: int) -> dict:
     path = lm_gguf(src, work, precision, threads)
     info = {"format": LM_FORMATS[precision], "model_mb": folder_mb(path),
             "note": "generate() keeps the KV cache of the conversation's prefix across loop rounds"}
@@ -260,7 +253,7 @@ def prepare_llama_lm(src: Path, work: Path, precision: str, threads: int) -> dic
     return info
 
 
-def run_llama_lm(src: Path, w: LMWork, work: Path, precision: str, mode: str, timer=time_lm) -> dict:
+def run_lm(src: Path, w: LMWork, work: Path, precision: str, mode: str, timer=time_lm) -> dict:
     import llama_cpp
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 

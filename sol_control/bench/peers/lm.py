@@ -10,7 +10,7 @@ Two halves, as in `sol_control.bench.peers`:
   engine with `skipped` and a note.
 - `PeerServer.start(gguf, workload, threads, peer)` keeps one row's worker running (its "serve"
   step, `common.serve_lm`: one prompt per request line) for `bench lm --paired`.
-- the worker (`python -m sol_control.bench.peers.lm worker SPEC OUT`) imports its engine only:
+- the worker (`python -m sol_control.bench.peers worker SPEC OUT`, `lm_step`) imports its engine only:
     llama.cpp     the GGUF itself (Q4_1), and F32 / Q8_0 GGUFs from the HF folder (its converter
                   and quantizer); plain and prompt lookup (`LlamaPromptLookupDecoding`)
     ort-genai     the builder on the HF folder, fp32 / int8 / int4; plain and n-gram drafting
@@ -21,29 +21,25 @@ Every engine gets the same ids, decodes greedily and stops at a stop id (kept) o
 (prompts 128, loop 64). The agent loop keeps each engine's own cache across rounds where its API
 allows it (the row's `note` says how); round r's context is round r-1's + its answer + `close`
 + the next tool result's user turn (`common.next_loop_context`), so each engine follows its own
-answers. `fp32_reference` gives our engine's fp32 greedy tokens (`sol-control generate`) on the
-same procedure; `lm_agreement` compares.
+answers; our rows get the same ids (`bench.lm_rows.run_workload`). `fp32_reference` gives our
+engine's fp32 greedy tokens on the same procedure; `lm_agreement` compares.
 
-    python -m sol_control.bench.peers.lm --gguf G --threads 1 [--quick] [--reference] [--json out.json]
+    python -m sol_control.bench.peers --gguf G --threads 1 [--quick] [--reference] [--json out.json]
 """
 from __future__ import annotations
 
-import argparse
 import functools
 import hashlib
 import json
 import os
-import shutil
 import subprocess
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-from ..common import REPO, fmt as _f, table
-from ..stats import first_difference
-from .common import (VENVS, LMWork, ServedWorker, decode_rate, next_loop_context, serve_lm, time_lm,
-                     worker_env)
+from ..common import REPO, first_difference, fmt as _f, table
+from .common import (VENVS, LMWork, ServedWorker, build_once, call_worker, decode_rate, next_loop_context,
+                     serve_worker)
 
 WORKLOAD = REPO / "sol_control" / "bench" / "data" / "lm_workload.json"
 LM_ENGINES = ("llama.cpp", "ort-genai", "openvino", "transformers")
@@ -55,11 +51,6 @@ LM_MODES = {
     "openvino": [("fp32", "plain"), ("fp32", "lookup"), ("int8", "plain"), ("int4", "plain"), ("int4", "lookup")],
     "transformers": [("fp32", "plain"), ("fp32", "lookup")],
 }
-# the worker imports one engine module: the others may not even install in its venv
-LM_RUNNERS = {"llama.cpp": ("llamacpp", "prepare_llama_lm", "run_llama_lm"),
-              "ort-genai": ("ort_genai", "prepare_genai_lm", "run_genai_lm"),
-              "openvino": ("ov_genai", "prepare_ov_lm", "run_openvino_lm"),
-              "transformers": ("hf_transformers", "prepare_transformers_lm", "run_transformers_lm")}
 FROM_HF = "HF folder of the GGUF's dequantized weights (fp32, sol_control.lm.hf_writer)"
 ROW_KEYS = ("engine", "mode", "precision", "threads", "weights_from", "decode_tokens_per_s", "ttft_ms",
             "tokens_per_s_with_prefill", "loop_s", "cpu_s_per_query", "rss_mb", "outputs", "note")
@@ -114,77 +105,46 @@ def hf_folder(gguf: Path, cache: Path | None = None) -> Path:
 
     folder = Path(cache or REPO / ".work" / "lm" / "hf") / f"{gguf.stem}-{file_digest(gguf)}"
     if not (folder / "config.json").is_file():
-        tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
         t0 = time.monotonic_ns()
-        gguf_to_hf(gguf, tmp)
-        (tmp / "sol_control.json").write_text(json.dumps({"from": gguf.name, "sha256_prefix": file_digest(gguf),
-                                                          "write_s": round((time.monotonic_ns() - t0) / 1e9, 2)}))
-        shutil.rmtree(folder, ignore_errors=True)
-        tmp.rename(folder)
+
+        def build(tmp: Path) -> None:
+            gguf_to_hf(gguf, tmp)
+            (tmp / "sol_control.json").write_text(json.dumps({"from": gguf.name, "sha256_prefix": file_digest(gguf),
+                                                              "write_s": round((time.monotonic_ns() - t0) / 1e9, 2)}))
+        build_once(folder, build)
     return folder
 
 
 # ---- the worker (inside the engine's venv) ----------------------------------------------------------
-
-def worker(spec_path: Path, out_path: Path) -> None:
-    import importlib
-
-    spec = json.loads(spec_path.read_text())
-    engine = spec["engine"]
-    module, prepare, run = LM_RUNNERS[engine]
-    mod = importlib.import_module(f"{__package__}.{module}")
-    w = LMWork(**spec["work_ids"])
-    src = Path(spec["gguf"] if spec.get("native") else spec["hf_dir"])
-    if spec["step"] == "prepare":
-        out = getattr(mod, prepare)(src, Path(spec["work"]), spec["precision"], w.threads)
-    else:
-        timer = {"run": time_lm, "serve": serve_lm}[spec["step"]]
-        out = getattr(mod, run)(src, w, Path(spec["work"]), spec["precision"], spec["mode"], timer=timer)
-    out_path.write_text(json.dumps(out))
-
 
 def venv_ready(engine: str) -> bool:
     """The venv's stamp file: `tools/setup_peers.sh` writes it last, after every install step."""
     return (VENVS[engine][0] / ".peers-installed").is_file()
 
 
-def worker_argv(engine: str, spec_path: Path, out_path: Path | str) -> list[str]:
-    """The command of one worker step, in the engine's venv."""
-    return [str(VENVS[engine][0] / "bin" / "python"), "-m", "sol_control.bench.peers.lm", "worker", str(spec_path),
-            str(out_path)]
+def lm_call(spec: dict, step: str, work: Path, timeout_s: float) -> dict:
+    """The worker's `step` ("prepare", "run") of the LM row `spec`, in its engine's venv."""
+    threads = spec["work_ids"]["threads"]
+    tag = f"{spec['engine']}-{spec['precision']}-{spec['mode']}-{step}-t{threads}"
+    return call_worker(spec["engine"], {**spec, "step": step}, work, tag, threads, timeout_s)
 
 
-def call_worker(engine: str, spec: dict, work: Path, timeout_s: float) -> dict:
-    work.mkdir(parents=True, exist_ok=True)
-    tag = f"{engine}-{spec['precision']}-{spec.get('mode', '')}-{spec['step']}-t{spec['work_ids']['threads']}"
-    spec_path, out_path = work / f"{tag}.spec.json", work / f"{tag}.out.json"
-    spec_path.write_text(json.dumps(spec))
-    out_path.unlink(missing_ok=True)
-    proc = subprocess.run(worker_argv(engine, spec_path, out_path), env=worker_env(spec["work_ids"]["threads"]),
-                          capture_output=True, text=True, timeout=timeout_s)
-    (work / f"{tag}.log").write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0 or not out_path.is_file():
-        raise RuntimeError(f"{engine} {spec['step']} failed ({proc.returncode}): {proc.stderr[-1500:]}")
-    return json.loads(out_path.read_text())
-
-
-def prepared(engine: str, spec: dict, work: Path, timeout_s: float) -> dict:
+def prepared(spec: dict, work: Path, timeout_s: float) -> dict:
     """The engine's model at `precision` (the worker converts it when it is not there yet) and its
     format, size and notes; the first conversion's time is recorded next to it, so runs on the
     cached model still report it (`convert_s`, the worker process's wall time)."""
-    record = work / f"{engine}-{spec['precision']}.convert.json"
+    record = work / f"{spec['engine']}-{spec['precision']}.convert.json"
     t0 = time.monotonic_ns()
-    info = call_worker(engine, {**spec, "step": "prepare"}, work, timeout_s)
+    info = lm_call(spec, "prepare", work, timeout_s)
     if not record.is_file():
         record.write_text(json.dumps({"convert_s": round((time.monotonic_ns() - t0) / 1e9, 1)}))
     return {**info, "convert_s": json.loads(record.read_text())["convert_s"]}
 
 
 def empty_row(engine: str, mode: str | None, precision: str | None, threads: int, note: str) -> dict:
-    return {"engine": engine, "mode": mode, "precision": precision, "threads": threads, "weights_from": None,
-            "decode_tokens_per_s": None, "ttft_ms": None, "tokens_per_s_with_prefill": None, "loop_s": None,
-            "cpu_s_per_query": None, "rss_mb": None, "outputs": None, "note": note, "skipped": True}
+    """A row that did not run: ROW_KEYS, its figures None, why in `note`."""
+    return {**dict.fromkeys(ROW_KEYS), "engine": engine, "mode": mode, "precision": precision,
+            "threads": threads, "note": note, "skipped": True}
 
 
 def work_dir(gguf: Path) -> Path:
@@ -226,8 +186,8 @@ def run_lm_peers(gguf: Path, workload: dict, threads: int, engines=None, quick: 
         for precision, mode in modes[engine]:
             spec = worker_spec(gguf, w, engine, precision, mode, work)
             try:
-                info = prepared(engine, spec, work / engine, timeout_s)
-                row = call_worker(engine, {**spec, "step": "run"}, work / engine, timeout_s)
+                info = prepared(spec, work / engine, timeout_s)
+                row = lm_call(spec, "run", work / engine, timeout_s)
             except (RuntimeError, subprocess.TimeoutExpired, OSError) as err:
                 rows.append(empty_row(engine, mode, precision, threads, f"failed: {str(err)[-600:]}"))
                 continue
@@ -259,10 +219,9 @@ class PeerServer(ServedWorker):
         work = Path(work or work_dir(gguf)) / engine
         spec = worker_spec(gguf, lm_work(read_gguf_tokenizer(gguf), workload, threads), engine, peer["precision"],
                            peer["spec_mode"], work.parent)
-        prepared(engine, spec, work, 5400)
-        spec_path = work / f"{engine}-{peer['precision']}-{peer['spec_mode']}-serve-t{threads}.spec.json"
-        spec_path.write_text(json.dumps({**spec, "step": "serve"}))
-        return cls(worker_argv(engine, spec_path, os.devnull), worker_env(threads), spec_path.with_suffix(".log"))
+        prepared(spec, work, 5400)
+        tag = f"{engine}-{peer['precision']}-{peer['spec_mode']}-serve-t{threads}"
+        return serve_worker(engine, spec, work, tag, threads, cls=cls)
 
     def decode_tokens_per_s(self, ids: list[int], max_new_tokens: int) -> float | None:
         """The peer's answer to `ids` from an empty cache: decode tokens/s as `time_lm` counts them."""
@@ -272,56 +231,40 @@ class PeerServer(ServedWorker):
 
 # ---- our fp32 reference and agreement ---------------------------------------------------------------
 
-def _sol_control() -> list[str]:
-    exe = Path(sys.executable).with_name("sol-control")
-    return [str(exe)] if exe.is_file() else [sys.executable, "-m", "sol_control.cli"]
-
-
-def _our_greedy(bundle: Path, ids: list[int], max_new_tokens: int, threads: int, out: Path) -> list[int]:
-    cmd = [*_sol_control(), "generate", "--bundle", str(bundle), "--precision", "fp32", "--no-draft",
-           "--prompt-ids", ",".join(map(str, ids)), "--max-new-tokens", str(max_new_tokens),
-           "--threads", str(threads), "--json", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
-    if proc.returncode != 0:
-        raise RuntimeError(f"sol-control generate failed: {proc.stderr[-1000:]}")
-    return json.loads(out.read_text())["tokens"]
-
-
 def fp32_reference(gguf: Path, workload: dict, threads: int = 1, quick: bool = False,
                    bundle: Path | None = None, cache: Path | None = None) -> dict:
-    """Our fp32 engine's greedy tokens on the same ids: `sol-control import GGUF --out BUNDLE`
-    (fp32 only; once), then `sol-control generate --precision fp32 --prompt-ids ...` per prompt and
-    per loop round (each round's context from our own answers, prefilled whole: greedy tokens do
-    not depend on a kept cache). Cached under `.work/lm/peers/` by the ids' sha256."""
+    """Our fp32 engine's greedy tokens on the same ids: `sol-control import GGUF --out BUNDLE` (fp32
+    only; once), then a plain fp32 row through the workload (`lm_rows.run_workload`: each loop round's
+    context from its own answers). Cached under `.work/lm/peers/` by the ids' sha256."""
+    from sol_control.bundle import Bundle
+    from sol_control.cli import main
+    from sol_control.decoding import open_decoder
     from sol_control.lm.tokenizer import read_gguf_tokenizer
 
+    from ..lm_rows import Row, run_workload
+
     gguf = Path(gguf).resolve()
-    bundle = Path(bundle or REPO / ".work" / "lm" / "peers_ref")
     w = lm_work(read_gguf_tokenizer(gguf), workload, threads, quick)
     key = hashlib.sha256(json.dumps([w.prompts, w.loop_first, w.loop_turns, w.close, w.prompt_new_tokens,
                                      w.loop_new_tokens]).encode()).hexdigest()[:12]
     path = Path(cache or REPO / ".work" / "lm" / "peers") / f"fp32_reference-{key}.json"
     if path.is_file():
         return json.loads(path.read_text())
+    bundle = Path(bundle or REPO / ".work" / "lm" / "peers_ref")
     if (bundle / "manifest.json").is_file():
         source = json.loads((bundle / "manifest.json").read_text())["metrics"]["import"]["target"]
         if source.get("file") != gguf.name:
             raise ValueError(f"{bundle} was imported from {source.get('file')!r}, not {gguf.name!r}: "
                              f"give another bundle folder")
-    else:
-        proc = subprocess.run([*_sol_control(), "import", str(gguf), "--out", str(bundle)], capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"sol-control import failed: {proc.stderr[-1000:]}")
-    tmp = path.with_suffix(".tmp.json")
+    elif main(["import", str(gguf), "--out", str(bundle)]) != 0:
+        raise RuntimeError(f"sol-control import {gguf} failed (see above)")
+    target = open_decoder(Bundle.load(bundle), "target", "fp32", threads)
+    row = Row("fp32", "fp32", "plain", target, threads=threads)
+    run_workload([row], w, 1)
+    answers = {part: [[int(t) for t in run.tokens] for run in runs[0]]
+               for part, runs in (("prompts", row.prompts), ("loop", row.loops))}
+    ref = {**answers, "bundle": str(bundle), "precision": "fp32"}
     path.parent.mkdir(parents=True, exist_ok=True)
-    prompts = [_our_greedy(bundle, ids, w.prompt_new_tokens, threads, tmp) for ids in w.prompts]
-    loop, context = [], list(w.loop_first)
-    for r in range(1 + len(w.loop_turns)):
-        loop.append(_our_greedy(bundle, context, w.loop_new_tokens, threads, tmp))
-        if r < len(w.loop_turns):
-            context = next_loop_context(context, loop[-1], w.loop_turns[r], w.close, w.stop_ids)
-    tmp.unlink(missing_ok=True)
-    ref = {"prompts": prompts, "loop": loop, "bundle": str(bundle), "precision": "fp32"}
     path.write_text(json.dumps(ref))
     return ref
 
@@ -361,24 +304,9 @@ def print_lm_rows(rows: list[dict]) -> None:
             print(f"{r['engine']} {r['mode'] or ''} {r['precision'] or ''}: {r['note']}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["worker"]:
-        worker(Path(argv[1]), Path(argv[2]))
-        return 0
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--gguf", type=Path, required=True)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--quick", action="store_true", help="3 prompts and 3 loop rounds")
-    ap.add_argument("--engines", nargs="*", default=list(LM_ENGINES), choices=LM_ENGINES)
-    ap.add_argument("--workload", type=Path, default=WORKLOAD)
-    ap.add_argument("--reference", action="store_true",
-                    help="compare every row's tokens with our fp32 engine's (sol-control generate)")
-    ap.add_argument("--json", type=Path, default=None)
-    args = ap.parse_args(argv)
-    if args.threads < 1:
-        ap.error(f"--threads must be positive, got {args.threads}")
-    workload = json.loads(args.workload.read_text())
+def lm_main(args) -> int:
+    """`python -m sol_control.bench.peers --gguf G` (the arguments: `peers.main`)."""
+    workload = json.loads((args.workload or WORKLOAD).read_text())
     reference = fp32_reference(args.gguf, workload, args.threads, args.quick) if args.reference else None
     rows = run_lm_peers(args.gguf, workload, args.threads, args.engines, args.quick, reference=reference)
     print(f"{args.gguf.name}, {args.threads} thread(s), {'quick' if args.quick else 'full'} workload")
@@ -387,7 +315,3 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps({"rows": rows, "reference": reference, "threads": args.threads,
                                          "quick": args.quick, "loadavg": os.getloadavg()}, indent=1))
     return 0 if any(not r.get("skipped") for r in rows) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -102,8 +102,8 @@ def genai_decide(model_dir: Path, new_tokens: int) -> Decide:
     return decide
 
 
-def run_genai(hf_target: Path, hf_draft: Path | None, w: Workload, work: Path,
-              precisions=("fp32", "int4"), timer=time_decisions) -> list[dict]:
+def run_decisions(hf_target: Path, hf_draft: Path | None, w: Workload, work: Path,
+                  precisions=("fp32", "int4"), timer=time_decisions) -> list[dict]:
     rows = []
     draft = genai_convert(hf_draft, work / "genai-draft-fp32", "fp32", w.threads) if hf_draft else None
     for prec in precisions:
@@ -118,7 +118,6 @@ def run_genai(hf_target: Path, hf_draft: Path | None, w: Workload, work: Path,
 
 # ---- language models (sol_control.bench.peers.lm) -----------------------------------------------
 
-GENAI_LM_PRECISIONS = ("fp32", "int8", "int4")
 GENAI_NGRAM = {"ngram_size": 3, "max_draft_tokens": 4}  # 0.18's n-gram drafting; 4 = its default K
 
 
@@ -171,7 +170,7 @@ def genai_lm_generate(model_dir: Path, max_length: int, stop_ids, ngram: dict | 
     return generate
 
 
-def run_genai_lm(hf_dir: Path, w: LMWork, work: Path, precision: str, mode: str, timer=time_lm) -> dict:
+def run_lm(hf_dir: Path, w: LMWork, work: Path, precision: str, mode: str, timer=time_lm) -> dict:
     """One row: the builder's model at `precision` (converted once, cached in `work`), plain or n-gram."""
     target = genai_convert(hf_dir, work / f"genai-{precision}", precision, w.threads)
     ngram = GENAI_NGRAM if mode == "ngram" else None
@@ -180,7 +179,7 @@ def run_genai_lm(hf_dir: Path, w: LMWork, work: Path, precision: str, mode: str,
     return {"mode": label, **timer(generate, w)}
 
 
-def prepare_genai_lm(hf_dir: Path, work: Path, precision: str, threads: int) -> dict:
+def prepare_lm(hf_dir: Path, work: Path, precision: str, threads: int) -> dict:
     out = genai_convert(hf_dir, work / f"genai-{precision}", precision, threads)
     shutil.rmtree(out.parent / f"{out.name}-hf", ignore_errors=True)  # the builder's copy of the source
     fmt = {"fp32": "fp32", "int8": "builder int8 (MatMulNBits 8-bit)",

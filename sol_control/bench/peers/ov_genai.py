@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import (PRECISIONS, Decide, LMGenerate, LMWork, Workload, cut_at_stop,
+from .common import (PRECISIONS, Decide, LMGenerate, LMWork, Workload, build_once, cut_at_stop,
                      folder_mb, time_decisions, time_lm, timed_row)
 from .ort_genai import hf_copy
 
@@ -23,15 +23,14 @@ def ov_export(hf_dir: Path, out_dir: Path, precision: str) -> Path:
     if not (out_dir / "openvino_model.xml").is_file():
         src = hf_copy(hf_dir, out_dir.parent / f"{out_dir.name}-hf")
         cli = Path(sys.executable).with_name("optimum-cli")
-        tmp = out_dir.with_name(out_dir.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        cmd = [str(cli), "export", "openvino", "--model", str(src), "--task", "text-generation-with-past",
-               *OV_FORMATS[precision], str(tmp)]
-        proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"optimum-cli export ({precision}) failed: {proc.stderr[-1500:]}")
-        shutil.rmtree(out_dir, ignore_errors=True)
-        tmp.rename(out_dir)  # a failed export leaves no half folder that looks finished
+
+        def export(tmp: Path) -> None:  # into a temporary folder: a failed export leaves no half one
+            cmd = [str(cli), "export", "openvino", "--model", str(src), "--task", "text-generation-with-past",
+                   *OV_FORMATS[precision], str(tmp)]
+            proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(f"optimum-cli export ({precision}) failed: {proc.stderr[-1500:]}")
+        build_once(out_dir, export)
     return out_dir
 
 
@@ -73,7 +72,7 @@ def ov_decide(pipe, new_tokens: int, k: int | None = None) -> Decide:
     return decide
 
 
-def run_openvino(hf_target: Path, hf_draft: Path | None, w: Workload, work: Path,
+def run_decisions(hf_target: Path, hf_draft: Path | None, w: Workload, work: Path,
                  precisions=PRECISIONS["openvino"], timer=time_decisions) -> list[dict]:
     import openvino_genai as og
 
@@ -128,7 +127,7 @@ def ov_lm_generate(pipe, stop_ids, lookup: dict | None = None) -> LMGenerate:
     return generate
 
 
-def prepare_ov_lm(hf_dir: Path, work: Path, precision: str, threads: int) -> dict:
+def prepare_lm(hf_dir: Path, work: Path, precision: str, threads: int) -> dict:
     out = ov_export(hf_dir, work / f"ov-{precision}", precision)
     shutil.rmtree(out.parent / f"{out.name}-hf", ignore_errors=True)  # the exporter's copy of the source
     fmt = {"fp32": "fp32 (f32 compute and KV cache)", "int8": "NNCF int8 weights",
@@ -138,7 +137,7 @@ def prepare_ov_lm(hf_dir: Path, work: Path, precision: str, threads: int) -> dic
                     "(loop rounds); an untimed 1-token call clears it before each prompt"}
 
 
-def run_openvino_lm(hf_dir: Path, w: LMWork, work: Path, precision: str, mode: str, timer=time_lm) -> dict:
+def run_lm(hf_dir: Path, w: LMWork, work: Path, precision: str, mode: str, timer=time_lm) -> dict:
     import openvino_genai as og
 
     target = ov_export(hf_dir, work / f"ov-{precision}", precision)

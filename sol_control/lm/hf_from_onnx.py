@@ -1,11 +1,12 @@
 """Hugging Face `LlamaForCausalLM` folders rebuilt from a bundle's fp32 ONNX decoders (numpy + onnx).
 
-Peer engines (ORT GenAI, transformers, OpenVINO, llama.cpp) load Hugging Face folders. The shipped
-fp32 ONNX files hold every weight, so we read them back (`sol_control.graph.from_onnx.read_decoder`,
-the one place that knows our export's layout): the result is the bundle's weights bit for bit, not
-a retrained look-alike, and a peer benchmark on a fresh clone compares engines on provably the same
-weights. The safetensors file is written here (a JSON header plus raw little-endian arrays), so no
-torch, safetensors or pydantic is needed: the peer venvs import this too.
+Peer engines (ORT GenAI, transformers, OpenVINO, llama.cpp; `bench.peers`) load Hugging Face
+folders, and `sol-control train` starts from one. The shipped fp32 ONNX files hold every weight, so
+we read them back (`sol_control.graph.from_onnx.read_decoder`, the one place that knows our export's
+layout): the result is the bundle's weights bit for bit, not a retrained look-alike, and a peer
+benchmark on a fresh clone compares engines on provably the same weights. The safetensors file is
+written here (a JSON header plus raw little-endian arrays), so no torch, safetensors or pydantic is
+needed: the peer venvs import this too.
 
     python tools/onnx_to_hf.py --bundle models/grasp --out /tmp/grasp_hf [--check]   # target/, draft/
 """
