@@ -45,8 +45,11 @@ QC_FEATURES = (
     ("part_u", 64, 0.0, 1.0, "linear"), ("part_v", 64, 0.0, 1.0, "linear"),
 )
 # observation kinds -> perception version: 2 looks for stains nearer the rim and through one clipped
-# channel (held-out parts of 40 mm and under strong light); a bundle made before keeps version 1
-KINDS = {"binned_features/1": 1, "binned_features/2": 2}
+# channel (held-out parts of 40 mm and under strong light); 3 fills the flattened rim and hole edges
+# with the surface's local brightness, not its median (no false line on a thin web under a lighting
+# gradient). A bundle keeps the version it was made with.
+KINDS = {"binned_features/1": 1, "binned_features/2": 2, "binned_features/3": 3}
+LATEST = max(KINDS.values())
 # Measured too, for bundles made before a feature was replaced: the absolute part area (image
 # shares) tied decisions to the sizes trained on; `compactness` took its place
 QC_LEGACY_FEATURES = ("area",)
@@ -188,10 +191,24 @@ def _longest_line(flat: np.ndarray, inner: np.ndarray, ref: float):
     return best
 
 
-def _qc_lines(f: dict, gray: np.ndarray, bg: np.ndarray, part, filled, inner, size_px: float, n: int) -> None:
+def _surface_fill(gray: np.ndarray, inner: np.ndarray, ref: float, version: int) -> np.ndarray:
+    """The surface with rim and hole edges flattened away: filled with the median `ref` (version
+    < 3), or (version 3) with the surface's own local brightness, so a thin web between a hole and
+    the rim under a lighting gradient does not stand out from its fill as a line."""
+    if version < 3 or not inner.any():
+        return np.where(inner > 0, gray, ref).astype(np.float32)
+    w = inner.astype(np.float32)
+    num = cv2.GaussianBlur(gray * w, (0, 0), 4.0)
+    den = cv2.GaussianBlur(w, (0, 0), 4.0)
+    local = np.where(den > 1e-3, num / np.maximum(den, 1e-3), ref)
+    return np.where(inner > 0, gray, local).astype(np.float32)
+
+
+def _qc_lines(f: dict, gray: np.ndarray, bg: np.ndarray, part, filled, inner, size_px: float, n: int,
+              version: int) -> None:
     """Line evidence (scratch, crack) on the part surface away from rim and holes, into `f`."""
     ref = float(np.median(gray[inner > 0])) if inner.any() else float(gray[part > 0].mean())
-    flat = np.where(inner > 0, gray, ref).astype(np.float32)  # rim and hole edges flattened away
+    flat = _surface_fill(gray, inner, ref, version)
     f.update(line_polarity=0, line_len=0.0, line_contrast=0.0, line_width=0.0, line_rim=8.0,
              line_u=f["part_u"], line_v=f["part_v"])
     best = _longest_line(flat, inner, ref)
@@ -243,7 +260,7 @@ def _qc_stain(f: dict, img: np.ndarray, core: np.ndarray, n: int) -> None:
         f["stain_v"] = float((ys + 0.5) @ wts / wts.sum()) / n
 
 
-def qc_features(image: np.ndarray, version: int = 2) -> dict[str, float]:
+def qc_features(image: np.ndarray, version: int = LATEST) -> dict[str, float]:
     """Engineered features of the (largest) part in a QC image [128, 128, 3] uint8; `version`: the
     bundle's observation kind (`binned_features/<version>`)."""
     img = image.astype(np.float32)
@@ -254,7 +271,7 @@ def qc_features(image: np.ndarray, version: int = 2) -> dict[str, float]:
     holes_mask = (filled & (1 - part)).astype(np.uint8)
     f, size_px = _qc_shape(outer, filled, holes_mask, n)
     inner = cv2.erode(filled, _ellipse(5)) & (1 - cv2.dilate(holes_mask, _ellipse(5)))
-    _qc_lines(f, gray, bg, part, filled, inner, size_px, n)
+    _qc_lines(f, gray, bg, part, filled, inner, size_px, n, version)
     _qc_stain(f, img, _stain_core(img, filled, holes_mask, version), n)
     return f
 

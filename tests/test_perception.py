@@ -149,9 +149,9 @@ def test_the_manifest_decides_special_tokens_static_prefix_and_calibration():
 def test_a_bundle_keeps_the_perception_it_was_trained_with():
     """binned_features/2 looks for stains 1 px from the rim and through one clipped channel; a
     bundle whose manifest says binned_features/1 gets the measurement it was trained on."""
-    cfg2 = feature_config("qc")
-    assert cfg2["kind"] == "binned_features/2"
-    cfg1 = {**cfg2, "kind": "binned_features/1"}
+    cfg3 = feature_config("qc")
+    assert cfg3["kind"] == "binned_features/3"
+    cfg2, cfg1 = {**cfg3, "kind": "binned_features/2"}, {**cfg3, "kind": "binned_features/1"}
     t1, t2 = ObservationTokenizer(cfg1, BOS, SEP), ObservationTokenizer(cfg2, BOS, SEP)
     small = qc.make_sample("heldout", 374)  # a 43 mm bracket, its stain at a hole's edge
     assert small.label["defect"] == "discoloration"
@@ -160,3 +160,19 @@ def test_a_bundle_keeps_the_perception_it_was_trained_with():
     assert f2["stain_max"] > 0.1 > f1["stain_max"]  # version 2 sees it, version 1 did not
     with pytest.raises(ValueError, match="unsupported kind"):
         ObservationTokenizer({**cfg2, "kind": "binned_features/9"}, BOS, SEP)
+
+
+def test_version_3_sees_no_line_on_a_thin_web_under_a_lighting_gradient_and_still_sees_scratches():
+    """A 116 mm bracket and plate, no defect, strong light gradient: the web between a hole and the
+    rim stood out against the median fill (versions 1-2 saw a line there); version 3 fills with the
+    surface's local brightness. Scratches measure the same in both."""
+    for index in (101, 970):
+        s = qc.make_sample("heldout", index)
+        assert s.label["defect"] == "ok" and s.spec.size_m > 0.11
+        assert qc_features(s.image, 2)["line_polarity"] != 0
+        assert qc_features(s.image, 3)["line_polarity"] == 0
+    for index in (5, 7, 20):  # scratched plates and a ring, 41-114 mm
+        s = qc.make_sample("heldout", index)
+        assert s.label["defect"] == "scratch"
+        f2, f3 = qc_features(s.image, 2), qc_features(s.image, 3)
+        assert f3["line_polarity"] != 0 and f3["line_len"] == f2["line_len"] > 0.2

@@ -119,7 +119,7 @@ def feature_config(task: str) -> dict:
         feats.append({"name": name, "offset": off, "size": size, "low": low, "high": high, "scale": scale})
         off += size
     image_px, px_per_m = (QC_IMAGE_PX, QC_PX_PER_M) if task == "qc" else (GRASP_IMAGE_PX, GRASP_PX_PER_M)
-    return {"kind": "binned_features/2", "task": task, "image_px": image_px, "features": feats,
+    return {"kind": "binned_features/3", "task": task, "image_px": image_px, "features": feats,
             "camera": {"px_per_m": px_per_m, "projection": "orthographic"},
             "token_range": [FIRST_OBS_TOKEN, off], "prefix_len": len(feats) + 2}
 
