@@ -108,6 +108,20 @@ def test_a_rows_numbers_do_not_depend_on_its_call(path):
     assert np.array_equal(whole, singles)
 
 
+@pytest.mark.parametrize("path", [MODELS / "qc" / "target_fused_int8.onnx", MODELS / "grasp" / "target_fused_int8.onnx"])
+def test_a_pass_returning_its_last_rows_equals_the_same_rows_of_a_whole_pass(path):
+    """The final layer runs only the rows a pass returns (a prefill's last row): those rows, and
+    the keys and values every row leaves in the cache, are bit for bit a whole pass's."""
+    nat = NativeDecoderSession(path)
+    ids = np.random.default_rng(4).integers(0, nat.vocab, 24)
+    whole = nat.forward(ids[:23]).copy()
+    after_whole = nat.forward(ids[23:]).copy()
+    for rows in (1, 3):
+        nat.reset()
+        assert np.array_equal(nat.forward(ids[:23], rows=rows), whole[-rows:])
+        assert np.array_equal(nat.forward(ids[23:]), after_whole)
+
+
 def test_a_pass_that_may_end_the_answer_runs_its_heads_only_after_a_rejected_guess():
     """use_heads(True, last=True): with every guess right the heads' guesses are not made (zeros),
     with one wrong they are ONNX Runtime's (whose graph runs them either way)."""

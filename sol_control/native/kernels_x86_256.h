@@ -12,7 +12,9 @@
 
 #include "kernels_portable.h"
 
-#define SUB_ROWS 6  /* rows one sweep carries: 2 x 4 accumulators with 2 blocks, 6 x 2 with 1 */
+#ifndef SUB_ROWS  /* rows one sweep carries: 2 x 4 accumulators with 2 blocks, SUB_ROWS x 2 with 1 */
+#define SUB_ROWS 6  /* with 32 registers (EVEX); the VEX variants set 4 */
+#endif
 
 static inline __m256i bcast4(const void *p) {
     int32_t u;
@@ -57,11 +59,23 @@ static void sweep_rows(const uint8_t *x, int R, int NB, int split, int k, const 
     if (split) {
         if (NB == 2) switch (R) { SWEEP_CASE(1, 2, 1) SWEEP_CASE(2, 2, 1) }
         else switch (R) { SWEEP_CASE(1, 1, 1) SWEEP_CASE(2, 1, 1) SWEEP_CASE(3, 1, 1) SWEEP_CASE(4, 1, 1)
-                          SWEEP_CASE(5, 1, 1) SWEEP_CASE(6, 1, 1) }
+#if SUB_ROWS >= 5
+                          SWEEP_CASE(5, 1, 1)
+#endif
+#if SUB_ROWS >= 6
+                          SWEEP_CASE(6, 1, 1)
+#endif
+                        }
     } else {
         if (NB == 2) switch (R) { SWEEP_CASE(1, 2, 0) SWEEP_CASE(2, 2, 0) }
         else switch (R) { SWEEP_CASE(1, 1, 0) SWEEP_CASE(2, 1, 0) SWEEP_CASE(3, 1, 0) SWEEP_CASE(4, 1, 0)
-                          SWEEP_CASE(5, 1, 0) SWEEP_CASE(6, 1, 0) }
+#if SUB_ROWS >= 5
+                          SWEEP_CASE(5, 1, 0)
+#endif
+#if SUB_ROWS >= 6
+                          SWEEP_CASE(6, 1, 0)
+#endif
+                        }
     }
 }
 #undef SWEEP_CASE

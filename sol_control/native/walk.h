@@ -166,7 +166,10 @@ static void embed_row(const Model *m, int64_t id, float *out) {
     for (int i = 0; i < H; i++) out[i] = (float)((int)q[i] - 128) * scale[i / Q4_BLOCK];
 }
 
-static void attention_block(const Model *m, int i, int T, int L, float *kv, float *keys_t, Scratch *s) {
+/* one layer's attention for T rows at positions L..L+T-1: every row's keys and values go into the
+ * cache, the queries, their mix and the residual only for the last `keep` rows (the final layer of a
+ * pass needs no more than the rows it returns; a row's numbers do not depend on its company) */
+static void attention_block(const Model *m, int i, int T, int keep, int L, float *kv, float *keys_t, Scratch *s) {
     const Layer *ly = &m->layers[i];
     int H = m->hidden, D = m->head_dim, nq = m->n_heads * D, nkv = m->kv_heads * D, C = m->capacity;
     int width = nq + 2 * nkv, Ct = padded16(C);
@@ -186,22 +189,25 @@ static void attention_block(const Model *m, int i, int T, int L, float *kv, floa
             memcpy(values + ((size_t)h * C + pos) * D, row + nq + nkv + h * D, sizeof(float) * D);
         }
     }
-    attend(m, s->qkv, width, T, L, kt, values, s->attn, s->scores);
-    linear(&ly->o, s->attn, T, s->mix, &s->w);
-    for (int t = 0; t < T * H; t++) s->resid[t] += s->mix[t];
+    int first = T - keep;
+    attend(m, s->qkv + (size_t)first * width, width, keep, L + first, kt, values, s->attn, s->scores);
+    linear(&ly->o, s->attn, keep, s->mix, &s->w);
+    for (int t = 0; t < keep * H; t++) s->resid[first * H + t] += s->mix[t];
 }
 
-static void mlp_block(const Model *m, int i, int T, Scratch *s) {
+/* one layer's MLP for the T rows of the residual from row `first` on */
+static void mlp_block(const Model *m, int i, int first, int T, Scratch *s) {
     const Layer *ly = &m->layers[i];
     int H = m->hidden, I = m->inter;
-    for (int t = 0; t < T; t++) rms_norm(s->resid + t * H, ly->ln2, s->h + t * H, H, m->eps);
+    float *resid = s->resid + (size_t)first * H;
+    for (int t = 0; t < T; t++) rms_norm(resid + t * H, ly->ln2, s->h + t * H, H, m->eps);
     linear(&ly->gate_up, s->h, T, s->gu, &s->w);
     for (int t = 0; t < T; t++) {
         float *g = s->gu + t * 2 * I;
         THIS->silu_gate(g, I, s->attn + t * I);  /* attn: free until the next layer */
     }
     linear(&ly->down, s->attn, T, s->mix, &s->w);
-    for (int t = 0; t < T * H; t++) s->resid[t] += s->mix[t];
+    for (int t = 0; t < T * H; t++) resid[t] += s->mix[t];
 }
 
 /* plain heads' guesses at one final hidden row: head j = argmax w2_j(row + silu(w1_j row)) + offset */
@@ -240,11 +246,12 @@ static int walk_run(const Model *m, const int64_t *ids, int T, int L, int rows, 
     int H = m->hidden;
     Scratch s = carve(m, T, scratch);
     for (int t = 0; t < T; t++) embed_row(m, ids[t], s.resid + t * H);
-    for (int i = 0; i < m->n_layers; i++) {
-        attention_block(m, i, T, L, kv, keys_t, &s);
-        mlp_block(m, i, T, &s);
-    }
     int first = T - rows;
+    for (int i = 0; i < m->n_layers; i++) {
+        int last = i == m->n_layers - 1, keep = last ? rows : T;  /* the final layer: only the rows returned */
+        attention_block(m, i, T, keep, L, kv, keys_t, &s);
+        mlp_block(m, i, T - keep, keep, &s);
+    }
     for (int r = 0; r < rows; r++) rms_norm(s.resid + (first + r) * H, m->final_norm, s.h + r * H, H, m->eps);
     linear(&m->lm_head, s.h, rows, logits, &s.w);
     int n = rows - 1, best_n = 0;
