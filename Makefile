@@ -86,12 +86,11 @@ bench: $(STAMP) $(NATIVE)
 
 # Peer engines (ONNX Runtime GenAI, transformers, OpenVINO GenAI, llama.cpp) in their own venvs,
 # never a runtime dependency, on the bundles' own weights; `make bench` picks up their rows once
-# this has run. First run: ~15 min of installs (llama.cpp compiles), then 1-4 min per bundle.
-bench-peers: $(STAMP)
+# this has run. First run: ~15 min of installs (llama.cpp compiles), then 1-4 min per bundle: their
+# rows alone (`bench all`'s peers stage) into bench_report/peers/.
+bench-peers: $(STAMP) $(NATIVE)
 	bash tools/setup_peers.sh all
-	mkdir -p bench_report
-	$(PY) -m sol_control.bench.peers --bundle models/grasp --json bench_report/peers_grasp.json
-	$(PY) -m sol_control.bench.peers --bundle models/qc --json bench_report/peers_qc.json
+	$(VENV)/bin/sol-control bench all --skip decode e2e paired scaling memory --out bench_report/peers
 
 # Test fixtures: tiny decoders exported from random Llama configurations (dev-only, torch).
 fixtures: $(TRAIN_STAMP)

@@ -91,7 +91,7 @@ def test_each_round_times_every_row_alone_in_turn_and_also_interleaved(monkeypat
     monkeypatch.setattr(decode_bench.Row, "decode", logged)
     monkeypatch.setattr(decode_bench, "PACE_S", 0.0)
     bundle = Bundle.load(bundle_dir("qc"))  # a shipped bundle: draft heads, so heads rows
-    rep = decode_bench.run_bench(bundle, decisions=2, rounds=2, new_tokens=4, threads=1, k=None, show_progress=False)
+    rep = decode_bench.run_bench(bundle, decisions=2, rounds=2, new_tokens=4, threads=1, k=None)
     names = [r["name"] for r in rep["rows"]]
     speculative = {r["name"]: r["speculative"] for r in rep["rows"]}
     n, paced = len(names), min(2, decode_bench.PACED_DECISIONS)

@@ -198,7 +198,7 @@ def test_paired_rounds_alternate_the_peer_row_and_ours_prompt_by_prompt(bench):
     stand-in: the peer engines' venvs are not part of `make test` (PeerServer has its own test)."""
     from contextlib import contextmanager
 
-    from sol_control.bench.paired import paired_summary
+    from sol_control.bench.lm_report import paired_summary
 
     _, bundle, s = bench
     rows, _ = lm_rows.make_rows(Bundle.load(bundle), [1])
@@ -249,7 +249,7 @@ def test_paired_rounds_rotate_the_peer_our_best_and_the_ultrafast_row(bench):
     first rotates over the three, prompt by prompt and round by round; each row has its own ratio."""
     from contextlib import contextmanager
 
-    from sol_control.bench.paired import paired_summary
+    from sol_control.bench.lm_report import paired_summary
 
     root, bundle, _ = bench
     rows, _ = lm_rows.make_rows(Bundle.load(bundle), [1], Bundle.load(root / "bundle_symmetric"))

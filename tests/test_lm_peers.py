@@ -20,7 +20,10 @@ import gguf
 import numpy as np
 import pytest
 
+from sol_control.bench import lm_rows
 from sol_control.bench.peers import common, lm
+from sol_control.bundle import Bundle
+from sol_control.decoding import open_decoder
 from sol_control.lm.gguf_reader import read_gguf_weights
 from sol_control.lm.gguf_writer import write_llama_gguf
 from sol_control.lm.hf_reader import read_hf_weights
@@ -118,17 +121,9 @@ def test_cut_at_stop():
     assert common.cut_at_stop([0], (0, 2), 5) == [0]
 
 
-def test_lm_agreement_counts_prompts_and_leading_loop_rounds():
-    ref = {"prompts": [[1, 2, 3], [4, 5]], "loop": [[1], [2], [3]]}
-    got = lm.lm_agreement({"prompts": [[1, 2, 3], [4, 6]], "loop": [[1], [9], [3]]}, ref)
-    assert got["prompts_equal"] == 1 and got["first_difference_at"] == [None, 1]
-    assert got["loop_rounds_equal"] == 1 and got["loop_rounds"] == 3
-    assert lm.lm_agreement({"prompts": [[1, 2]], "loop": []}, ref)["first_difference_at"] == [2]
-
-
 def test_missing_venvs_are_skipped_with_a_note(tmp_path, monkeypatch, tiny_gguf):
-    monkeypatch.setattr(lm, "VENVS", {e: (tmp_path / "nowhere", "x") for e in lm.LM_ENGINES})
-    rows = lm.run_lm_peers(tiny_gguf, TINY_WORKLOAD, 1, quick=True, work=tmp_path)
+    monkeypatch.setattr(common, "VENVS", {e: (tmp_path / "nowhere", "x") for e in lm.LM_ENGINES})
+    rows = lm.run_lm_peers(tiny_gguf, TINY_WORKLOAD, 1, work=tmp_path)
     assert [r["engine"] for r in rows] == list(lm.LM_ENGINES)
     assert all(r["skipped"] and r["decode_tokens_per_s"] is None and "setup_peers.sh" in r["note"] for r in rows)
     assert set(lm.ROW_KEYS) <= set(rows[0])
@@ -152,13 +147,24 @@ LONG_WORKLOAD = {**TINY_WORKLOAD, "agent_loop": {**TINY_WORKLOAD["agent_loop"], 
 
 @pytest.fixture(scope="module")
 def ref_bundle(tiny_gguf, tmp_path_factory):
-    return tmp_path_factory.mktemp("lm_ref")
+    """The tiny GGUF imported as `sol-control import` imports it (fp32)."""
+    out = tmp_path_factory.mktemp("lm_ref") / "bundle"
+    import_model(tiny_gguf, out)
+    return Bundle.load(out)
+
+
+def our_fp32(bundle, gguf, workload: dict) -> dict:
+    """Our fp32 engine's greedy tokens on the peers' ids: a plain fp32 row through the workload as
+    `bench lm` runs its rows (`lm_rows.run_workload`: a loop round's context from its answers)."""
+    row = lm_rows.Row("fp32", "fp32", "plain", open_decoder(bundle, "target", "fp32"))
+    lm_rows.run_workload([row], lm.lm_work(read_gguf_tokenizer(gguf), workload), 1)
+    return {"prompts": [r.tokens for r in row.prompts[0]], "loop": [r.tokens for r in row.loops[0]]}
 
 
 @pytest.fixture(scope="module")
 def reference(tiny_gguf, ref_bundle):
-    """Our fp32 engine's greedy tokens (sol-control import + generate), checked against numpy."""
-    ref = lm.fp32_reference(tiny_gguf, TINY_WORKLOAD, 1, bundle=ref_bundle / "bundle", cache=ref_bundle)
+    """Our fp32 engine's greedy tokens, checked against numpy."""
+    ref = our_fp32(ref_bundle, tiny_gguf, TINY_WORKLOAD)
     w = lm.lm_work(read_gguf_tokenizer(tiny_gguf), TINY_WORKLOAD)
     numpy_ref = LlamaReference(read_gguf_weights(tiny_gguf))
     assert ref["prompts"] == [numpy_ref.greedy(p, 128, (0, 2)) for p in w.prompts]
@@ -175,17 +181,17 @@ def skip_without(engine: str):
 
 def assert_peer_matches(engine: str, modes, tiny_gguf, reference, tmp_path, exact=("fp32",),
                         workload=TINY_WORKLOAD) -> list[dict]:
-    rows = lm.run_lm_peers(tiny_gguf, workload, 1, engines=(engine,), reference=reference,
-                           modes={engine: modes}, work=tmp_path)
+    rows = lm.run_lm_peers(tiny_gguf, workload, 1, engines=(engine,), modes={engine: modes},
+                           work=tmp_path)
     assert len(rows) == len(modes)
     rounds = len(workload["agent_loop"]["tool_results"])
     for row in rows:
         assert not row.get("skipped"), row["note"]
         assert row["decode_tokens_per_s"] > 0 and row["ttft_ms"] >= 0 and row["loop_s"] > 0 and row["rss_mb"] > 0
         assert len(row["outputs"]["prompts"]) == 3 and len(row["outputs"]["loop"]) == rounds
-        if row["precision"] in exact:
-            a = row["agreement"]
-            assert (a["prompts_equal"], a["loop_rounds_equal"]) == (3, rounds), (row["mode"], a)
+        if row["precision"] in exact:  # every prompt's and every loop round's tokens are ours
+            want = {"prompts": reference["prompts"], "loop": reference["loop"]}
+            assert row["outputs"] == want, row["mode"]
     return rows
 
 
@@ -216,7 +222,7 @@ def test_transformers_lm_matches_our_fp32(tiny_gguf, reference, tmp_path):
 def test_llama_cpp_lm_matches_our_fp32(tiny_gguf, ref_bundle, tmp_path):
     """F32 GGUF from the HF folder: our tokens, over a loop past 512 tokens; the file itself
     (Q4_1, int8 activations) just runs."""
-    reference = lm.fp32_reference(tiny_gguf, LONG_WORKLOAD, 1, bundle=ref_bundle / "bundle", cache=ref_bundle)
+    reference = our_fp32(ref_bundle, tiny_gguf, LONG_WORKLOAD)
     rows = assert_peer_matches("llama.cpp", [("fp32", "plain"), ("fp32", "lookup"), ("int4", "plain")],
                                tiny_gguf, reference, tmp_path, workload=LONG_WORKLOAD)
     assert all(r["loop_context_tokens"] > 512 for r in rows)

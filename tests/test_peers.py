@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from sol_control.bench import peers
-from sol_control.bench.peers import ort_genai
+from sol_control.bench.peers import common, ort_genai
 from sol_control.bundle import Bundle
 
 from .conftest import FIXTURES, REPO
@@ -85,7 +85,7 @@ def test_hf_folders_are_rebuilt_once_and_cached(tmp_path):
 
 
 def test_missing_peer_venvs_are_skipped_with_a_note(tmp_path, monkeypatch):
-    monkeypatch.setattr(peers, "VENVS", {e: (tmp_path / "nowhere", "x") for e in peers.ENGINES})
+    monkeypatch.setattr(common, "VENVS", {e: (tmp_path / "nowhere", "x") for e in peers.ENGINES})
     result = peers.run_all(Bundle.load(FIXTURES / "tiny"), quick=True, work=tmp_path)
     assert result["rows"] == [] and not result.get("errors")
     assert set(result["skipped"]) == set(peers.ENGINES)
@@ -93,7 +93,7 @@ def test_missing_peer_venvs_are_skipped_with_a_note(tmp_path, monkeypatch):
 
 
 def has_venv(engine: str) -> bool:
-    return peers.venv_python(engine).exists()
+    return peers.venv_ready(engine)
 
 
 def skip_without(engine: str):
@@ -106,7 +106,8 @@ def skip_without(engine: str):
 def test_onnx_to_hf_check_against_onnx_runtime(tmp_path):
     """In .venv-peers (torch): transformers on the rebuilt folders gives ONNX Runtime's logits
     within 1e-4 and the same greedy tokens."""
-    proc = subprocess.run([str(peers.venv_python("transformers")), str(REPO / "tools" / "onnx_to_hf.py"),
+    python = peers.VENVS["transformers"][0] / "bin" / "python"
+    proc = subprocess.run([str(python), str(REPO / "tools" / "onnx_to_hf.py"),
                            "--bundle", str(FIXTURES / "tiny"), "--out", str(tmp_path), "--check"],
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr

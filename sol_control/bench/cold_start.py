@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..ros.bench_peers import starts
 
-    cmd = node_command(apply_overrides(NodeConfig(), args.param), mode=args.task)
+    cmd = node_command(apply_overrides(NodeConfig(), args.param), f"mode={args.task}")
     runs = starts(args.task, cmd, ros_env(int(os.environ.get("ROS_DOMAIN_ID", "77"))), args.starts)
     med = {"spawn_to_decision_s": pct([s["spawn_to_decision_s"] for s in runs], 50)}
     med.update({k: pct([s["startup_s"].get(k, float("nan")) for s in runs], 50) for k in PHASES})

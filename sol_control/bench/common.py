@@ -106,11 +106,10 @@ def machine() -> dict:
     flags the kernels use and the kernel variant the native pass runs here)."""
     import onnxruntime
 
+    from ..energy import cpu_model
     from ..native import isa
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
             "onnxruntime": onnxruntime.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "isa": isa.describe()}
 

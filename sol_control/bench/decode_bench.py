@@ -31,6 +31,7 @@ from ..config import shipped_bundle
 from ..decoding import open_decoder
 from ..decoding.native import NativeDecoderSession
 from ..energy import EnergyMeter, energy_row
+from ..eval import encode_scenes, scenes
 from ..perception import ObservationTokenizer
 from . import row
 from .common import (ceiling, equal_share, memory_bandwidth_gbs, pct, progress, rate, rotated, table,
@@ -107,27 +108,13 @@ def decision_prefixes(bundle: Bundle, n: int, seed: int = 0) -> list[np.ndarray]
     m = bundle.manifest
     if m.task in ("qc", "grasp"):
         obs = ObservationTokenizer.from_bundle(bundle)
-        return [p for p in (_encode(obs, s) for s in scene_samples(m.task, n, seed)) if p is not None]
+        prefixes, _ = encode_scenes(obs, scenes(m.task, "test", n, seed))
+        return [p for p in prefixes if p is not None]  # None: an unusable image
     rng = np.random.default_rng(seed)
     lo, hi = m.vocab.observation or (0, m.vocab.size)  # a plain LM: any token
     length = max(4, min(24, m.max_context // 4))
     return [np.concatenate([[m.vocab.bos], rng.integers(lo, hi, length), [m.vocab.sep]]).astype(np.int64)
             for _ in range(n)]
-
-
-def scene_samples(task: str, n: int, start: int = 0) -> list:
-    """The task's test-split scenes `start` .. `start + n` (sol_control.tasks)."""
-    from ..tasks import grasp, qc
-
-    return [(qc if task == "qc" else grasp).make_sample("test", i) for i in range(start, start + n)]
-
-
-def _encode(obs: ObservationTokenizer, sample) -> np.ndarray | None:
-    """A scene's observation prefix; None for an unusable image."""
-    try:
-        return obs.encode(sample.image, getattr(sample, "joints_rad", None))
-    except ValueError:
-        return None
 
 
 def make_rows(bundle: Bundle, threads: int) -> list[Row]:
@@ -148,7 +135,7 @@ def make_rows(bundle: Bundle, threads: int) -> list[Row]:
 
 
 def run_bench(bundle: Bundle, decisions: int, rounds: int, new_tokens: int, threads: int,
-              k: int | None, show_progress: bool = True) -> dict:
+              k: int | None) -> dict:
     prefixes = decision_prefixes(bundle, decisions)
     rows = make_rows(bundle, threads)
     meter = EnergyMeter()
@@ -160,10 +147,8 @@ def run_bench(bundle: Bundle, decisions: int, rounds: int, new_tokens: int, thre
         _interleaved(rows, prefixes, new_tokens, k)
         for j, r in enumerate(rotated(rows, rnd)):
             _alone(r, prefixes, new_tokens, k, rnd == 0)
-            if show_progress:
-                progress(f"round {rnd + 1}/{rounds}  row {j + 1}/{len(rows)}  {time.monotonic() - t_start:5.1f} s")
-    if show_progress:
-        progress("", end="\n")
+            progress(f"round {rnd + 1}/{rounds}  row {j + 1}/{len(rows)}  {time.monotonic() - t_start:5.1f} s")
+    progress("", end="\n")
     meter.update()
     plain = {(r.precision, r.backend): r.outputs for r in rows if not r.speculative}
     out_rows = [r.summary(rows[0].outputs, plain[(r.precision, r.backend)], meter) for r in rows]
@@ -289,32 +274,39 @@ def rows_table(rows: list[dict]) -> str:
         for r in rows])
 
 
-def print_report(rep: dict) -> None:
-    print(f"\nbundle {rep['bundle']} ({rep['task']}): {rep['decisions']} decisions x {rep['rounds']} rounds, "
-          f"{rep['new_tokens']} tokens each, {rep['threads']} thread(s), each row alone in turn; ms/decision warm "
-          f"(static prefix kept, as in the node), cold = empty cache, interleaved = warm with the rows taking turns "
-          f"decision by decision")
-    print(rows_table(rep["rows"]))
-    for r in (r for r in rep["rows"] if r["paced_decision_ms_p50"] is not None):
-        print(f"{r['name']} paced: {r['paced_decision_ms_p50']:.2f} ms (one decision every "
-              f"{1e3 * PACE_S:.0f} ms, asleep between)")
-    for label, ra in (("", rep["ratios"]), ("interleaved: ", rep["ratios_interleaved"])):
-        print(f"{label}speculative vs plain (same target): {ra['speculative_vs_plain']:.2f}x   "
-              f"ultrafast ({rep['ultrafast']}) vs standard: {ra['ultrafast_vs_standard']:.2f}x decode tok/s, "
-              f"{ra['ultrafast_vs_standard_decision']:.2f}x ms/decision")
-    if rep["ratios"]["native_vs_onnxruntime"]:
-        print(f"{rep['ultrafast']} on the native pass vs on ONNX Runtime: "
-              f"{rep['ratios']['native_vs_onnxruntime']:.2f}x decode tok/s, "
-              f"{rep['ratios']['native_vs_onnxruntime_decision']:.2f}x ms/decision")
-    passes = next(r["pass_ms_p50"] for r in rep["rows"] if r["name"] == rep["ultrafast"])
+def report_lines(rep: dict) -> list[str]:
+    """The report in Markdown: `bench decode` prints it, `bench all` puts it in its README."""
+    rows, ra = rep["rows"], rep["ratios"]
+    best = next(r for r in rows if r["name"] == rep["ultrafast"])
+    lines = [f"**{rep['bundle']}** ({rep['task']}): {rep['decisions']} decisions x "
+             f"{rep['rounds']} rounds, {rep['new_tokens']} tokens each, {rep['threads']} "
+             "thread(s), each row alone in turn; ms/decision warm (static prefix kept, as in "
+             "the node), cold = empty cache, interleaved = warm with the rows taking turns "
+             "decision by decision (weights evicting each other)",
+             "", "```", rows_table(rows), "```", ""]
+    for label, r in (("alone", ra), ("interleaved", rep["ratios_interleaved"])):
+        lines.append(f"- {label}: ultrafast ({best['name']}) vs standard "
+                     f"{r['ultrafast_vs_standard']:.2f}x decode tok/s, "
+                     f"{r['ultrafast_vs_standard_decision']:.2f}x ms/decision; "
+                     f"speculative vs plain (same target) {r['speculative_vs_plain']:.2f}x")
+    lines += [f"- {r['name']} paced: {r['paced_decision_ms_p50']:.2f} ms (one decision every "
+              f"{1e3 * PACE_S:.0f} ms, asleep between)" for r in rows if r["paced_decision_ms_p50"]]
+    if ra["native_vs_onnxruntime"]:
+        lines.append(f"- {best['name']} on the native pass vs on ONNX Runtime: "
+                     f"{ra['native_vs_onnxruntime']:.2f}x decode tok/s, "
+                     f"{ra['native_vs_onnxruntime_decision']:.2f}x ms/decision")
+    passes = best["pass_ms_p50"]
     ceiling = "" if passes is None else (
-        f"; a call of {' / '.join(passes)} rows {' / '.join(f'{ms:.3f}' for ms in passes.values())} ms: with every "
-        f"guess right {rep['ceiling_tokens']:.2f}x standard's decode tok/s at most")
-    print(f"mean accepted {rep['mean_accepted']:.2f}{ceiling}")
-    print(f"energy: {rep['rows'][0]['joules_per_decision_basis']} ({rep['rows'][0]['energy_assumption']})")
-    for prec, s in rep["weight_streaming"].items():
-        print(f"  {prec}: {s['per_token_ms']:.3f} ms/token vs {s['stream_ms']:.3f} ms to stream "
-              f"{s['weight_bytes'] / 1e6:.1f} MB at {rep['memory_bandwidth_gbs']:.1f} GB/s -> {s['ratio']:.2f}x")
+        f"; a call of {' / '.join(passes)} rows {' / '.join(f'{ms:.3f}' for ms in passes.values())}"
+        f" ms: with every guess right {rep['ceiling_tokens']:.2f}x standard's decode tok/s at most")
+    lines.append(f"- mean accepted {best['mean_accepted'] or 0:.2f}{ceiling}")
+    energy = rows[0]
+    lines.append(f"- energy: {energy['joules_per_decision_basis']} ({energy['energy_assumption']})")
+    for prec, w in rep["weight_streaming"].items():
+        lines.append(f"- {prec}: {w['per_token_ms']:.3f} ms/token vs {w['stream_ms']:.3f} ms to "
+                     f"stream {w['weight_bytes'] / 1e6:.1f} MB at "
+                     f"{rep['memory_bandwidth_gbs']:.1f} GB/s -> {w['ratio']:.2f}x")
+    return lines + [""]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -324,7 +316,7 @@ def run(args: argparse.Namespace) -> int:
     new_tokens = args.new_tokens or len(bundle.manifest.actions) or 32
     rep = run_bench(bundle, args.decisions or (12 if args.quick else 40), args.rounds or 5, new_tokens,
                     args.threads, args.k)
-    print_report(rep)
+    print("\n".join(report_lines(rep)))
     if args.json:
         write_json(args.json, rep)
     return 0

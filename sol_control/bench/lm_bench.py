@@ -22,6 +22,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -36,7 +37,6 @@ from . import lm_report
 from .common import REPO
 from .lm_rows import (LOOKUP, PROMPT_NEW_TOKENS, QUICK_LOOP_ROUNDS, QUICK_PROMPTS, Row, load_workload, make_rows,
                       run_workload, say)
-from .paired import paired_summary
 from .peers.lm import LM_MODES, lm_work, run_lm_peers
 from .row import call_ms, probe_rss
 
@@ -108,10 +108,7 @@ def ensure_bundle(gguf: Path, out: Path, heads: Path | None = None, draft: Path 
     key_file = out.with_name(out.name + ".key.json")
     if (out / "manifest.json").is_file() and key_file.is_file() and json.loads(key_file.read_text()) == key:
         return out
-    if out.exists():
-        import shutil
-
-        shutil.rmtree(out)
+    shutil.rmtree(out, ignore_errors=True)
     key_file.unlink(missing_ok=True)
     argv = ["import", str(gguf), "--out", str(out), "--quantize", key["quantize"], "--int4-mode", int4_mode]
     argv += ["--heads", str(heads)] * (heads is not None) + ["--draft", str(draft)] * (draft is not None)
@@ -177,13 +174,13 @@ def _peer_modes(precisions: str) -> dict:
     return {engine: [(p, m) for p, m in modes if p in wanted] for engine, modes in LM_MODES.items()}
 
 
-def _peers(gguf: Path | None, workload: dict, threads: list[int], quick: bool, precisions: str) -> dict:
+def _peers(gguf: Path | None, workload: dict, threads: list[int], precisions: str) -> dict:
     if gguf is None:
         return {"rows": [], "note": "no GGUF for the peers (a --bundle without --gguf, and no `make lm-model` file)"}
     rows = []
     for t in threads:
         say(f"peers at {t} thread(s)")
-        rows += run_lm_peers(gguf, workload, t, engines=None, quick=quick, modes=_peer_modes(precisions))
+        rows += run_lm_peers(gguf, workload, t, modes=_peer_modes(precisions))
     return {"rows": rows, "note": "" if rows else "no peer engine ran (see tools/setup_peers.sh)"}
 
 
@@ -249,13 +246,14 @@ def run(args: argparse.Namespace) -> int:
         say(f"verify costs {prec} @{t}t: " + ", ".join(f"T={T} {v:.1f} ms" for T, v in ms.items()))
     say("resident memory (a fresh process per precision)")
     rss = measure_rss(rows, w.prompts[0])
-    peers = {"rows": [], "note": "--no-peers"} if args.no_peers else _peers(gguf, workload, threads, args.quick, args.peer_precisions)
+    peers = ({"rows": [], "note": "--no-peers"} if args.no_peers
+             else _peers(gguf, workload, threads, args.peer_precisions))
     command = "sol-control bench lm " + " ".join(sys.argv[3:] if sys.argv[1:3] == ["bench", "lm"] else [])
     summary = lm_report.summarise(
         bundle=bundle, rows=rows, skipped=skipped, verify=verify, k=(k, k_source), rss=rss, peers=peers, meter=meter,
         workload=workload, reps=args.rounds, threads=threads, gguf=gguf, notes=notes, command=command.strip(),
         load_start=load_start, seconds=time.monotonic() - t_start)
-    summary.update(paired_summary(summary, rows, tok, workload, gguf, args.paired))
+    summary.update(lm_report.paired_summary(summary, rows, tok, workload, gguf, args.paired))
     lm_report.write(summary, args.out)
     print(lm_report.markdown(summary))
     print(f"wrote {args.out}/summary.json, {args.out}/README.md and plots")

@@ -11,13 +11,15 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from .common import (bar_panels, ceiling, clean, colour, first_difference, fmt as _f, machine,
                      median as _median, rate, table)
-from .lm_rows import SYMMETRIC
+from .lm_rows import SYMMETRIC, say
+from .paired import paired_lm
 
 NOMINAL_K = 8  # the ceiling's draft length when no speculative row ran (T = 9, the largest verify measured)
 
@@ -216,17 +218,17 @@ def _best_peer(mine: list[dict], peer_rows: list[dict], t: int, ultrafast: dict)
             ultrafast["decode_tokens_per_s"] / best["decode_tokens_per_s"], named)
 
 
-def summarise(*, bundle, rows, skipped, verify, k, rss, peers, meter, workload, reps, threads, gguf, notes,
-              command, load_start, seconds) -> dict:
+def summarise(*, rows, verify, k, rss, peers, meter, threads, **run) -> dict:
+    """What the run was (`_head`, from `run`), every row's figures, and per thread count the
+    ultrafast row's ratios over standard, the ceiling, agreement and the best peer row's ratios;
+    a headline is the figure at 1 thread (`headline`)."""
     figs = [row_figures(r, meter, rss) for r in rows]
-    s = _head(bundle=bundle, skipped=skipped, verify=verify, meter=meter, workload=workload, reps=reps,
-              threads=threads, gguf=gguf, notes=notes, command=command, load_start=load_start, seconds=seconds)
+    s = _head(verify=verify, meter=meter, threads=threads, **run)
     s["lossless"], s["lossless_detail"] = lossless_check(rows)
     k, k_source = k
-    uf_rows, uf_tok, uf_pooled, uf_loop, ceil, agree = {}, {}, {}, {}, {}, {}
-    vs_peer, uf_peer, best_peer = {}, {}, {}
     peer_rows = [dict(p) for p in peers.get("rows", [])]
     base = next((f for f in figs if f["name"] == "standard" and f["threads"] == threads[0]), None)
+    by_t = {}  # str(thread count) -> its figures
     for t in threads:
         mine = [f for f in figs if f["threads"] == t]
         by = {f["name"]: f for f in mine}
@@ -234,40 +236,74 @@ def summarise(*, bundle, rows, skipped, verify, k, rss, peers, meter, workload, 
         if std is None or len(mine) < 2:
             continue
         uf, s["ultrafast_note"] = _ultrafast(mine)
-        uf_rows[str(t)] = uf["name"]
-        uf_tok[str(t)] = uf["decode_tokens_per_s"] / std["decode_tokens_per_s"]
+        f = by_t[str(t)] = {
+            "ultrafast_row": uf["name"],
+            "ultrafast_vs_standard_tokens": uf["decode_tokens_per_s"] / std["decode_tokens_per_s"],
+            "ultrafast_vs_standard_loop": std["loop_s"] / uf["loop_s"],
+            "ceiling": _ceiling(std, by, uf, verify.get(t, {}), k, k_source),
+            "agreement": _agreements(mine, std, base, t, threads[0], peer_rows)}
         if uf["decode_tokens_per_s_pooled"] and std["decode_tokens_per_s_pooled"]:
-            uf_pooled[str(t)] = uf["decode_tokens_per_s_pooled"] / std["decode_tokens_per_s_pooled"]
-        uf_loop[str(t)] = std["loop_s"] / uf["loop_s"]
-        c = _ceiling(std, by, uf, verify.get(t, {}), k, k_source)
-        if c is not None:
-            ceil[str(t)] = c
-        agree[str(t)] = _agreements(mine, std, base, t, threads[0], peer_rows)
+            pooled = uf["decode_tokens_per_s_pooled"] / std["decode_tokens_per_s_pooled"]
+            f["ultrafast_vs_standard_tokens_pooled"] = pooled
         peer = _best_peer(mine, peer_rows, t, uf)
         if peer is not None:
-            vs_peer[str(t)], uf_peer[str(t)], best_peer[str(t)] = peer
-    s.update({
-        "ultrafast_row": uf_rows,
-        "ultrafast_vs_standard_tokens": headline(uf_tok, threads), "ultrafast_vs_standard_tokens_by_threads": uf_tok,
-        "ultrafast_vs_standard_tokens_pooled": headline(uf_pooled, threads),
-        "ultrafast_vs_standard_tokens_pooled_by_threads": uf_pooled,
-        "ultrafast_vs_standard_loop": headline(uf_loop, threads), "ultrafast_vs_standard_loop_by_threads": uf_loop,
-        "ceiling_tokens": (headline(ceil, threads) or {}).get("ceiling_tokens"), "ceiling": ceil,
-        "vs_best_peer": headline(vs_peer, threads), "vs_best_peer_by_threads": vs_peer, "best_peer": best_peer,
-        "vs_best_peer_ultrafast": headline(uf_peer, threads), "vs_best_peer_ultrafast_by_threads": uf_peer,
-        "vs_best_peer_note": "" if vs_peer else (peers.get("note") or "no peer row with decode tokens/s"),
-        "agreement": agree,
-    })
+            f["vs_best_peer"], f["vs_best_peer_ultrafast"], f["best_peer"] = peer
+
+    def by_threads(key: str) -> dict:
+        return {t: f[key] for t, f in by_t.items() if f.get(key) is not None}
+
+    for key in ("ultrafast_vs_standard_tokens", "ultrafast_vs_standard_tokens_pooled",
+                "ultrafast_vs_standard_loop", "vs_best_peer", "vs_best_peer_ultrafast"):
+        s[key], s[f"{key}_by_threads"] = headline(by_threads(key), threads), by_threads(key)
+    for key in ("ultrafast_row", "ceiling", "best_peer", "agreement"):
+        s[key] = by_threads(key)
+    s["ceiling_tokens"] = (headline(s["ceiling"], threads) or {}).get("ceiling_tokens")
+    s["vs_best_peer_note"] = "" if s["vs_best_peer_by_threads"] else (
+        peers.get("note") or "no peer row with decode tokens/s")
     s.setdefault("ultrafast_note", "")
     head_t = str(1 if 1 in threads else threads[0])
     for prec in ("int8", "int4", SYMMETRIC):
-        a = agree.get(head_t, {}).get(f"{prec} plain")
+        a = s["agreement"].get(head_t, {}).get(f"{prec} plain")
         s[f"agreement_{prec.replace('-', '_')}_vs_fp32"] = None if a is None else {
             part: {k2: a[part][k2] for k2 in ("tokens_equal_share", "answers_equal_share", "first_difference_median")}
             for part in a}
     s["peers"] = {"rows": peer_rows, "note": peers.get("note", "")}
     s["rows"] = figs
     return s
+
+
+def paired_summary(summary: dict, rows: list, tok, workload: dict, gguf: Path | None, rounds: int,
+                   open_peer: Callable | None = None) -> dict:
+    """`vs_best_peer_paired` (our best row's, at the headline thread count as `vs_best_peer`) and
+    `vs_best_peer_paired_ultrafast` (the ultrafast row's), each with `_by_threads`, and the rounds
+    under `paired`; null with `vs_best_peer_paired_note` where it did not run. `open_peer(t, peer)`
+    gives a context manager with `decode_tokens_per_s(ids, max_new)` (default: `PeerServer.start`)."""
+    result = {"vs_best_peer_paired": None, "vs_best_peer_paired_by_threads": {}, "vs_best_peer_paired_ultrafast": None,
+              "vs_best_peer_paired_ultrafast_by_threads": {}, "paired": {}, "vs_best_peer_paired_note": ""}
+    if not summary.get("best_peer") or gguf is None or rounds < 1:
+        result["vs_best_peer_paired_note"] = "not run: " + ("--paired 0" if summary.get("best_peer") else "no peer row")
+        return result
+    if open_peer is None:
+        from .peers.lm import PeerServer
+
+        open_peer = lambda t, peer: PeerServer.start(gguf, workload, t, peer)  # noqa: E731
+    prompts = [tok.encode_chat([{"role": "user", "content": p}]) for p in workload["prompts"]]
+    for t, best in summary["best_peer"].items():
+        names = dict.fromkeys([best["ours"]["name"], summary.get("ultrafast_row", {}).get(t, best["ours"]["name"])])
+        mine = [next(r for r in rows if r.name == n and r.threads == int(t)) for n in names]
+        try:
+            with open_peer(int(t), best["peer"]) as server:
+                result["paired"][t] = paired_lm(mine, prompts, workload["max_new_tokens"], tok.stop_ids,
+                                                server.decode_tokens_per_s, rounds, say)
+        except RuntimeError as err:
+            result["vs_best_peer_paired_note"] += f"{t} thread(s): {err}; "
+            continue
+        ratios = result["paired"][t]["vs_best_peer_paired"]
+        result["vs_best_peer_paired_by_threads"][t] = ratios[mine[0].name]
+        result["vs_best_peer_paired_ultrafast_by_threads"][t] = ratios[mine[-1].name]
+    for key in ("vs_best_peer_paired", "vs_best_peer_paired_ultrafast"):
+        result[key] = headline(result[f"{key}_by_threads"], summary["threads"])
+    return result
 
 
 # ---- output -------------------------------------------------------------------------------------
@@ -326,13 +362,11 @@ def markdown(s: dict) -> str:
     lines += [f"Lossless (speculative == plain, same precision): {s['lossless']}" +
               ("" if s["lossless"] is not None else " (no speculative row ran)")]
     lines += [f"- skipped: {x['name']} @{x['threads']}t: {x['note']}" for x in s["skipped_rows"]] + [""]
-    lines += ["Verify cost: ms of one target call with T tokens (after the first prompt), and over T = 1:", "", "```"]
-    body = []
-    for t, per in s["verify_ms"].items():
-        for prec, v in per.items():
-            body.append([f"{prec} @{t}t"] + [f"{ms:.1f} ({ms / v['1']:.2f}x)" for ms in v.values()])
-    sizes = next(iter(next(iter(s["verify_ms"].values())).values())).keys() if s["verify_ms"] else []
-    lines += [table(["target"] + [f"T={T}" for T in sizes], body), "```", "",
+    verify = [(f"{prec} @{t}t", v) for t, per in s["verify_ms"].items() for prec, v in per.items()]
+    body = [[name] + [f"{ms:.1f} ({ms / v['1']:.2f}x)" for ms in v.values()] for name, v in verify]
+    head = ["target"] + [f"T={T}" for T in (verify[0][1] if verify else [])]
+    lines += ["Verify cost: ms of one target call with T tokens (after the first prompt), and over "
+              "T = 1:", "", "```", table(head, body), "```", "",
               "ceiling_tokens = (k + 1) x standard ms per token / verify ms of k + 1 tokens at the ultrafast "
               "precision: the speed-up over standard a perfect, free draft would give with these kernels. ms per "
               "token are the rows' (1000 / decode tokens/s, medians over the prompts); verify ms = the plain row's "

@@ -40,8 +40,9 @@ from pathlib import Path
 
 from sol_control.bench.common import REPO, finite_pct, pct, rotated, table, write_json
 from sol_control.budget import NS_PER_MS
-from sol_control.config import NodeConfig, apply_overrides, to_flat
+from sol_control.config import NodeConfig, apply_overrides
 from sol_control.energy import EnergyMeter, labels, per_source
+from sol_control.params import ros_assignments
 from sol_control.sim.lines import process_cpu_s
 from sol_control.sim.supervisor import stop_processes
 
@@ -71,19 +72,11 @@ def ros_env(domain_id: int) -> dict[str, str]:
     return env
 
 
-def _ros_value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return v if v else "''"
-    return repr(v)
-
-
-def node_command(cfg: NodeConfig, **params) -> list[str]:
-    """`python -m sol_control.ros.node` with every parameter of `cfg` (and `params`) given."""
-    flat = {**to_flat(cfg), **params}
+def node_command(cfg: NodeConfig, *overrides: str) -> list[str]:
+    """`python -m sol_control.ros.node` with every parameter of `cfg` (after `overrides`) given."""
+    assignments = ros_assignments(apply_overrides(cfg, list(overrides)))
     return [sys.executable, "-m", "sol_control.ros.node", "--ros-args",
-            *[a for k, v in flat.items() for a in ("-p", f"{k}:={_ros_value(v)}")]]
+            *[a for p in assignments for a in ("-p", p)]]
 
 
 def run_mode(task: str, cfg: NodeConfig, args: argparse.Namespace, work: Path) -> dict:
@@ -91,17 +84,17 @@ def run_mode(task: str, cfg: NodeConfig, args: argparse.Namespace, work: Path) -
     swap_at = args.swap_at
     py = sys.executable
     log = open(work / f"{task}_node.log", "w")
-    node = subprocess.Popen(node_command(cfg, mode=task, autostart=True), env=env, cwd=REPO,
+    node = subprocess.Popen(node_command(cfg, f"mode={task}", "autostart=true"), env=env, cwd=REPO,
                             stdout=log, stderr=subprocess.STDOUT, text=True)
     sub_out, pub_out = work / f"{task}_sub.json", work / f"{task}_pub.json"
-    sub = subprocess.Popen([py, "-m", "sol_control.ros.bench_peers", "subscribe", "--task", task, "--out", str(sub_out)],
-                           env=env, cwd=REPO)
+    sub = subprocess.Popen([py, "-m", "sol_control.ros.bench_peers", "subscribe",
+                            json.dumps({"task": task, "out": str(sub_out)})], env=env, cwd=REPO)
     swapper = _start_swapper(task, cfg, work, env) if swap_at else None
     try:
-        pub = subprocess.Popen([py, "-m", "sol_control.ros.bench_peers", "publish", "--task", task, "--out", str(pub_out),
-                                "--seconds", str(args.seconds), "--image-hz", str(args.image_hz),
-                                "--joint-hz", str(args.joint_hz)],
-                               env=env, cwd=REPO, stdout=subprocess.PIPE, text=True)
+        spec = {"task": task, "out": str(pub_out), "seconds": args.seconds,
+                "image_hz": args.image_hz, "joint_hz": args.joint_hz}
+        cmd = [py, "-m", "sol_control.ros.bench_peers", "publish", json.dumps(spec)]
+        pub = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, text=True)
         line = pub.stdout.readline()  # "publishing" once the node is active: start the CPU clock
         if node.poll() is not None or not line.startswith("publishing"):
             pub.kill()
@@ -244,21 +237,13 @@ def _tail_breakdown(rows: list, latency_ms: list[float]) -> dict:
     return out
 
 
-def swap_line(task: str, s: dict) -> str:
-    answer = "swapped" if s["successful"] else f"refused ({s['reason']})"
-    return (f"{task}, bundle swap at {s['at_s']:.1f} s: {answer} in {s['window_ms']:.0f} ms (request to answer); "
-            f"hit rate {100 * s['hit_rate_in_window']:.2f}% of {s['frames_in_window']} frames in that window, "
-            f"{100 * s['hit_rate_outside']:.2f}% outside it")
-
-
 def run(args: argparse.Namespace) -> int:
     cfg = apply_overrides(NodeConfig(), args.param)
     if args.swap_at is not None and not 0 < args.swap_at < args.seconds:
         raise ValueError(f"--swap-at must lie inside the run (0, {args.seconds}) s, got {args.swap_at}")
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    for m in modes:
-        if m not in ("qc", "grasp"):
-            raise ValueError(f"--modes: expected qc and/or grasp, got {m!r}")
+    if set(modes) - {"qc", "grasp"}:
+        raise ValueError(f"--modes: expected qc and/or grasp, got {args.modes!r}")
     results = {}
     with tempfile.TemporaryDirectory(prefix="sol_control_bench_node_") as tmp:
         for m in modes:
@@ -279,8 +264,12 @@ def run(args: argparse.Namespace) -> int:
                   f"{t['queue']:.2f}, perception {t['perception']:.2f}, fast {t['fast']:.2f} ms; the deciding "
                   f"thread's CPU {t['cpu']:.2f} ms, off the CPU after the queue {t['off_cpu']:.2f} ms")
     for m, r in results.items():
-        if "swap" in r:
-            print(swap_line(m, r["swap"]))
+        if s := r.get("swap"):
+            answer = "swapped" if s["successful"] else f"refused ({s['reason']})"
+            print(f"{m}, bundle swap at {s['at_s']:.1f} s: {answer} in {s['window_ms']:.0f} ms "
+                  f"(request to answer); hit rate {100 * s['hit_rate_in_window']:.2f}% of "
+                  f"{s['frames_in_window']} frames in that window, "
+                  f"{100 * s['hit_rate_outside']:.2f}% outside it")
     if results:
         print(f"joules: {next(iter(results.values()))['energy_assumption']}")
     out = {"modes": results, **results, "config": {"seconds": args.seconds, "image_hz": args.image_hz,
@@ -291,17 +280,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def compare_standard_ultrafast(quick: bool = False, domain_id: int | None = None,
-                               params: list[str] | None = None, rounds: int | None = None) -> dict:
+def compare_standard_ultrafast(quick: bool = False) -> dict:
     """End to end, standard (fp32 target, plain greedy: `decoding.standard_only`) against ultrafast
     (int8 target + draft, speculative), both with a 1 s deadline so neither falls back and the
     figures are pure speed. Each task runs `rounds` rounds (5; 2 with quick); a round runs both
     modes back to back (a fresh node each, order alternating between rounds, so a drift of the
     machine's load hits both) and gives one p50 per mode and their ratio. Reported: the median over
     rounds with min-max, per task and, at the top level, the mean of the two tasks' medians."""
-    rounds = rounds or (2 if quick else 5)
+    rounds = 2 if quick else 5
     args = argparse.Namespace(seconds=2.0 if quick else 4.0, image_hz=30.0, joint_hz=500.0, swap_at=None,
-                              domain_id=domain_id or int(os.environ.get("SOL_CONTROL_BENCH_DOMAIN", "27")))
+                              domain_id=int(os.environ.get("SOL_CONTROL_BENCH_DOMAIN", "27")))
     generous = ["deadline.qc_ms=1000", "deadline.grasp_ms=1000", "deadline.max_staleness_ms=2000"]
     modes = {"standard": ["decoding.standard_only=true"], "ultrafast": []}
     out: dict = {}
@@ -310,7 +298,7 @@ def compare_standard_ultrafast(quick: bool = False, domain_id: int | None = None
             runs: dict[str, list[dict]] = {name: [] for name in modes}
             for r in range(rounds):
                 for name in rotated(list(modes), r):
-                    cfg = apply_overrides(NodeConfig(), generous + modes[name] + list(params or []))
+                    cfg = apply_overrides(NodeConfig(), generous + modes[name])
                     print(f"bench node: {task} {name}, round {r + 1}/{rounds}, {args.seconds:.0f} s ...",
                           file=sys.stderr)
                     runs[name].append(run_mode(task, cfg, args, Path(tmp)))
@@ -335,13 +323,3 @@ def _median_run(runs: list[dict]) -> dict:
             "p99_ms": pct(p99, 50), "p99_ms_min": min(p99), "p99_ms_max": max(p99),
             "hit_rate": pct([r["hit_rate"] for r in runs], 50), "sources": dict(sources),
             "decisions": sum(r["decisions_received"] for r in runs)}
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_arguments(p)
-    return run(p.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -10,20 +10,16 @@ kept, as in the node), the peer's, ours cold (cache emptied), the peer's again, 
 CPU's caches holding the other's weights. A round is every prefix `REPEATS` times; its ratio is the
 peer's median ms over ours.
 
-LM prompts (`bench lm --paired N`, `paired_summary`): our best row (and the ultrafast row, when it
-is another) and the peer answer every prompt, who goes first rotating prompt by prompt and round by
-round; a round's ratio is our median decode tokens/s over the peer's.
-
-    python -m sol_control.bench.paired --bundle models/qc [--rounds 4] [--engine ort-genai] [--precision int4] [--mode plain]
+LM prompts (`bench lm --paired N`, `paired_lm`; its figures: `lm_report.paired_summary`): our best
+row (and the ultrafast row, when it is another) and the peer answer every prompt, who goes first
+rotating prompt by prompt and round by round; a round's ratio is our median decode tokens/s over
+the peer's.
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 from collections.abc import Callable
-from pathlib import Path
 
-from ..config import shipped_bundle
 from ..decoding import open_decoder, speculate_heads
 from .common import rotated
 
@@ -97,60 +93,3 @@ def paired_lm(rows: list, prompts: list[list[int]], max_new: int, stops: tuple[i
             ", ".join(f"{n} {o:.1f} tok/s ({o / p:.2f}x)" for n, o in ours.items()))
     return {"vs_best_peer_paired": {n: statistics.median(x["rows"][n]["ratio"] for x in out) for n in by_name},
             "rounds": out}
-
-
-def paired_summary(summary: dict, rows: list, tok, workload: dict, gguf: Path | None, rounds: int,
-                   open_peer: Callable | None = None) -> dict:
-    """`vs_best_peer_paired` (our best row's, at the headline thread count as `vs_best_peer`) and
-    `vs_best_peer_paired_ultrafast` (the ultrafast row's), each with `_by_threads`, and the rounds
-    under `paired`; null with `vs_best_peer_paired_note` where it did not run. `open_peer(t, peer)`
-    gives a context manager with `decode_tokens_per_s(ids, max_new)` (default: `PeerServer.start`)."""
-    from .lm_report import headline
-    from .lm_rows import say
-
-    result = {"vs_best_peer_paired": None, "vs_best_peer_paired_by_threads": {}, "vs_best_peer_paired_ultrafast": None,
-              "vs_best_peer_paired_ultrafast_by_threads": {}, "paired": {}, "vs_best_peer_paired_note": ""}
-    if not summary.get("best_peer") or gguf is None or rounds < 1:
-        result["vs_best_peer_paired_note"] = "not run: " + ("--paired 0" if summary.get("best_peer") else "no peer row")
-        return result
-    if open_peer is None:
-        from .peers.lm import PeerServer
-
-        open_peer = lambda t, peer: PeerServer.start(gguf, workload, t, peer)  # noqa: E731
-    prompts = [tok.encode_chat([{"role": "user", "content": p}]) for p in workload["prompts"]]
-    for t, best in summary["best_peer"].items():
-        names = dict.fromkeys([best["ours"]["name"], summary.get("ultrafast_row", {}).get(t, best["ours"]["name"])])
-        mine = [next(r for r in rows if r.name == n and r.threads == int(t)) for n in names]
-        try:
-            with open_peer(int(t), best["peer"]) as server:
-                result["paired"][t] = paired_lm(mine, prompts, workload["max_new_tokens"], tok.stop_ids,
-                                                server.decode_tokens_per_s, rounds, say)
-        except RuntimeError as err:
-            result["vs_best_peer_paired_note"] += f"{t} thread(s): {err}; "
-            continue
-        ratios = result["paired"][t]["vs_best_peer_paired"]
-        result["vs_best_peer_paired_by_threads"][t] = ratios[mine[0].name]
-        result["vs_best_peer_paired_ultrafast_by_threads"][t] = ratios[mine[-1].name]
-    for key in ("vs_best_peer_paired", "vs_best_peer_paired_ultrafast"):
-        result[key] = headline(result[f"{key}_by_threads"], summary["threads"])
-    return result
-
-
-def main(argv: list[str] | None = None) -> int:
-    from ..bundle import Bundle
-
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bundle", default=shipped_bundle("grasp"))
-    ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--engine", default="ort-genai")
-    ap.add_argument("--precision", default="int4")
-    ap.add_argument("--mode", default="plain")
-    args = ap.parse_args(argv)
-    best = {"engine": args.engine, "precision": args.precision, "mode": args.mode}
-    rep = paired(Bundle.load(args.bundle), best, args.rounds)
-    print(f"median ratio: {rep['vs_best_peer_paired']:.2f}x warm, {rep['vs_best_peer_paired_cold']:.2f}x cold")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -16,6 +16,7 @@ import argparse
 import math
 import sys
 import traceback
+from itertools import product
 from pathlib import Path
 
 import numpy as np
@@ -58,7 +59,10 @@ def scaling(bundle: Bundle, lengths=(8, 16, 32), prefix_lens=(8, 16, 32), rounds
                              "skipped": f"needs {plen + n_new} KV positions; {short.name}'s graph holds {limit} "
                                         "(a fused graph's KV length is fixed when it is built)"})
                 continue
-            row = _scaling_row(fp32, fast, draft, [_fit(p, plen, m) for p in base], n_new, rounds)
+            # prefixes of exactly plen tokens: BOS, observation tokens (repeated as needed), SEP
+            fit = [np.concatenate([[m.vocab.bos], np.resize(p[1:-1], max(plen - 2, 1)),
+                                   [m.vocab.sep]]).astype(np.int64) for p in base]
+            row = _scaling_row(fp32, fast, draft, fit, n_new, rounds)
             rows.append({"prefix_len": plen, "new_tokens": n_new,
                          "beyond_trained_context": plen + n_new > m.max_context, **row})
             progress(f"scaling {m.name}: prefix {plen}, {n_new} tokens: {row['ratio_tokens']:.1f}x")
@@ -78,9 +82,8 @@ def _scaling_sessions(bundle: Bundle, want: int) -> tuple:
         optimum = bundle.decoder_layout(role, precision) == "optimum"
         return open_decoder(bundle, role, precision, max_context=max(want, m.max_context) if optimum else None)
 
-    fast_prec = "int4" if "int4" in m.target.precisions else "int8"
-    draft_prec = "int8" if "int8" in m.draft.precisions else "fp32"
-    return session("target", "fp32"), session("target", fast_prec), session("draft", draft_prec)
+    fast = session("target", "int4" if "int4" in m.target.precisions else "int8")
+    return session("target", "fp32"), fast, session("draft", row.draft_precision(m))
 
 
 def _scaling_row(fp32, fast, draft, prefixes: list, n_new: int, rounds: int) -> dict:
@@ -103,13 +106,6 @@ def _scaling_row(fp32, fast, draft, prefixes: list, n_new: int, rounds: int) -> 
     return row
 
 
-def _fit(prefix: np.ndarray, n: int, m) -> np.ndarray:
-    """A prefix of exactly n tokens: BOS, observation tokens (repeated as needed), SEP."""
-    body = prefix[1:-1]
-    body = np.resize(body, max(n - 2, 1))
-    return np.concatenate([[m.vocab.bos], body, [m.vocab.sep]]).astype(np.int64)
-
-
 # ---- resident memory per precision (each in a fresh process) -----------------------------------
 
 def memory(bundle: Bundle) -> list[dict]:
@@ -127,12 +123,6 @@ def memory(bundle: Bundle) -> list[dict]:
 
 
 # ---- plots ---------------------------------------------------------------------------------------
-
-def plot_decode(reports: dict, path: Path) -> None:
-    bar_panels(path, {f"{name}: decode tokens/s (median, min-max)": [
-        (r["name"], r["decode_tokens_per_s"], colour(r), (r["decode_tokens_per_s_min"], r["decode_tokens_per_s_max"]))
-        for r in rep["rows"]] for name, rep in reports.items()}, height=4)
-
 
 def plot_scaling(rows: dict, path: Path) -> None:
     fig, axes = pyplot().subplots(1, len(rows), figsize=(6 * len(rows), 4), squeeze=False)
@@ -155,8 +145,12 @@ def _decode_stage(args, bundles: dict, summary: dict) -> None:
     for name, b in bundles.items():
         decode[name] = decode_bench.run_bench(b, 12 if args.quick else 40, args.rounds,
                                               len(b.manifest.actions), 1, None)
-        decode_bench.print_report(decode[name])
-    plot_decode(decode, args.out / "decode_tokens_per_s.png")
+        print("\n".join(decode_bench.report_lines(decode[name])))
+    panels = {f"{name}: decode tokens/s (median, min-max)": [
+        (r["name"], r["decode_tokens_per_s"], colour(r),
+         (r["decode_tokens_per_s_min"], r["decode_tokens_per_s_max"])) for r in rep["rows"]]
+        for name, rep in decode.items()}
+    bar_panels(args.out / "decode_tokens_per_s.png", panels, height=4)
     g = decode["grasp"]
     summary["ultrafast_vs_standard_tokens"] = g["ratios"]["ultrafast_vs_standard"]
     summary["ultrafast_vs_standard_decision"] = g["ratios"]["ultrafast_vs_standard_decision"]
@@ -274,61 +268,30 @@ def node_fast_path(decode: dict, e2e: dict) -> dict:
     return out
 
 
-def _md_decode(s: dict) -> list[str]:
-    """Per bundle: ultrafast vs standard, and every decoding row."""
-    lines: list[str] = []
-    for name, rep in s.get("decode", {}).items():
-        rows = rep["rows"]
-        std, best = rows[0], next(r for r in rows if r["name"] == rep["ultrafast"])
-        lines.append(f"**{name}** ({best['name']}): standard {std['decode_tokens_per_s']:.0f} tok/s → ultrafast "
-                     f"{best['decode_tokens_per_s']:.0f} tok/s = {best['decode_tokens_per_s'] / std['decode_tokens_per_s']:.1f}x; "
-                     f"per decision {std['decision_ms_p50']:.2f} ms → {best['decision_ms_p50']:.2f} ms = "
-                     f"{std['decision_ms_p50'] / best['decision_ms_p50']:.1f}x ({rep['new_tokens']} tokens, "
-                     f"mean accepted {best['mean_accepted'] or 0:.2f}; each row timed alone in turn)")
-        ri = rep["ratios_interleaved"]
-        lines.append("")
-        lines.append(f"- Interleaved, the rows taking turns decision by decision (weights evicting each other): "
-                         f"{ri['ultrafast_vs_standard']:.1f}x tokens/s, {ri['ultrafast_vs_standard_decision']:.1f}x "
-                         f"a decision, speculative vs plain {ri['speculative_vs_plain']:.2f}x")
-        if rep.get("ceiling_tokens"):
-            lines.append(f"- Ceiling: with every guess right, {best['name']}'s passes would give "
-                         f"{rep['ceiling_tokens']:.2f}x standard's decode tokens/s (`ceiling_tokens`)")
-        lines += ["", "```", decode_bench.rows_table(rows), "```", ""]
-    return lines
-
-
 def _md_e2e(s: dict) -> list[str]:
-    """End to end over DDS: standard vs ultrafast per task."""
+    """End to end over DDS: standard vs ultrafast per task; the node's fast path against its
+    decision alone."""
     lines: list[str] = []
-    if s.get("e2e"):
-        e = s["e2e"]
+    if e := s.get("e2e"):
         lines.append(f"End to end (stamp → decision over DDS, mean of the two tasks' medians over "
-                     f"{e.get('rounds', 1)} paired rounds): {e.get('standard_p50_ms', float('nan')):.2f} ms → "
-                     f"{e.get('ultrafast_p50_ms', float('nan')):.2f} ms = {e.get('ratio_p50', float('nan')):.2f}x (p50)")
-        lines.append("")
+                     f"{e['rounds']} paired rounds): {e['standard_p50_ms']:.2f} ms → "
+                     f"{e['ultrafast_p50_ms']:.2f} ms = {e['ratio_p50']:.2f}x (p50)")
         head = ["task", "mode", "p50 ms", "p50 min-max", "p99 ms", "hit rate", "sources", "ratio (min-max)"]
         body = []
-        for task in ("qc", "grasp"):
-            t = e.get(task)
-            if not isinstance(t, dict) or "standard" not in t:
-                continue
-            for name in ("standard", "ultrafast"):
-                m = t[name]
-                body.append([task, name, f"{m['p50_ms']:.2f}", f"{m['p50_ms_min']:.2f}-{m['p50_ms_max']:.2f}",
-                             f"{m['p99_ms']:.2f}", f"{100 * m['hit_rate']:.1f}%",
-                             " ".join(f"{k}={v}" for k, v in sorted(m["sources"].items())),
-                             f"{t['ratio_p50']:.2f}x ({t['ratio_p50_min']:.2f}-{t['ratio_p50_max']:.2f})"
-                             if name == "ultrafast" else ""])
-        if body:
-            lines += ["```", table(head, body), "```"]
-        lines.append("")
-    for task, f in s.get("node_fast_path", {}).items():
-        lines.append(f"- {task} fast path ({f['row']}) in the node {f['in_node_ms']:.2f} ms p50: "
-                     f"{f['vs_solo']:.2f}x its decision alone back to back ({f['solo_ms']:.2f} ms), "
-                     f"{f['vs_paced']:.2f}x alone at 30 Hz, asleep between frames ({f['paced_ms']:.2f} ms)")
-    if s.get("node_fast_path"):
-        lines.append("")
-    return lines
+        for task, name in product(("qc", "grasp"), ("standard", "ultrafast")):
+            t, m = e[task], e[task][name]
+            ratio = f"{t['ratio_p50']:.2f}x ({t['ratio_p50_min']:.2f}-{t['ratio_p50_max']:.2f})"
+            body.append([task, name, f"{m['p50_ms']:.2f}",
+                         f"{m['p50_ms_min']:.2f}-{m['p50_ms_max']:.2f}", f"{m['p99_ms']:.2f}",
+                         f"{100 * m['hit_rate']:.1f}%",
+                         " ".join(f"{k}={v}" for k, v in sorted(m["sources"].items())),
+                         ratio if name == "ultrafast" else ""])
+        lines += ["", "```", table(head, body), "```", ""]
+    lines += [f"- {task} fast path ({f['row']}) in the node {f['in_node_ms']:.2f} ms p50: "
+              f"{f['vs_solo']:.2f}x its decision alone back to back ({f['solo_ms']:.2f} ms), "
+              f"{f['vs_paced']:.2f}x alone at 30 Hz, asleep between frames ({f['paced_ms']:.2f} ms)"
+              for task, f in s.get("node_fast_path", {}).items()]
+    return lines + [""] * bool(s.get("node_fast_path"))
 
 
 def _md_peers(s: dict) -> list[str]:
@@ -388,6 +351,8 @@ def markdown(s: dict) -> str:
              f"{m['onnxruntime']}, {m['date']}. Command: `{s['command']}`.", ""]
     lines += [f"**Stage {name} failed**: {error}" for name, error in s.get("failed", {}).items()]
     lines += [""] if s.get("failed") else []
-    for section in (_md_decode, _md_e2e, _md_peers, _md_scaling_memory):
+    for rep in s.get("decode", {}).values():
+        lines += decode_bench.report_lines(rep)
+    for section in (_md_e2e, _md_peers, _md_scaling_memory):
         lines += section(s)
     return "\n".join(lines)

@@ -1,15 +1,14 @@
 """Simulator speed: render fps per camera and physics steps per second (MuJoCo, `sol_control.sim`).
 
-    python -m sol_control.bench.sim_speed [--json PATH]
+    python -m sol_control.bench.sim_speed > speed.json
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
 
-from .common import pct, write_json
+from .common import pct
 
 
 def measure(repeats: int = 5, renders: int = 200, steps: int = 5000) -> dict:
@@ -38,16 +37,5 @@ def measure(repeats: int = 5, renders: int = 200, steps: int = 5000) -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--json", default="")
-    args = p.parse_args(argv)
-    res = measure()
-    print(json.dumps(res, indent=1))
-    if args.json:
-        write_json(args.json, res, indent=1)
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    print(json.dumps(measure(), indent=1))

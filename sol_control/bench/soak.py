@@ -45,6 +45,7 @@ import numpy as np
 from sol_control.bench.common import rss_bytes, table
 from sol_control.budget import NS_PER_MS, NS_PER_S
 from sol_control.sim.scoring import drift  # median of the last third - of the first, per window
+from sol_control.telemetry import Frame, Joints, Telemetry
 
 NOMINAL_HZ = 30.0
 HIST_BIN_MS = 0.01
@@ -64,19 +65,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--label-tolerance-ms", type=float, default=5.0,
                    help="scheduling delay allowed between a decision's deadline_met label and step's return "
                         "(a loaded 2-core machine preempts a thread for a few ms)")
-    p.add_argument("--leak-kb-per-s", type=float, default=0.0,
-                   help="TEST ONLY: keep this many kB per second alive on purpose (checks the leak detector)")
-
-
-# -- inputs ---------------------------------------------------------------------------------------
-def _telemetry(image: np.ndarray, joints_rad: np.ndarray | None, stamp_ns: int):
-    """A camera frame arriving now (its budget starts at `stamp_ns`), with the scene's joints."""
-    from sol_control.telemetry import Frame, Joints, Telemetry
-
-    joints = None
-    if joints_rad is not None:
-        joints = Joints(tuple(f"joint{i + 1}" for i in range(len(joints_rad))), joints_rad, np.zeros(0), stamp_ns)
-    return Telemetry(Frame(image, stamp_ns, stamp_ns, "soak_camera"), joints=joints)
 
 
 # -- recording (no allocation per decision) ---------------------------------------------------------
@@ -89,17 +77,14 @@ class TaskRecord:
         self.window = np.zeros(window_capacity, np.float64)
         self.n_window = 0
         self.window_p99_ms: list[float] = []
-        self.window_t_s: list[float] = []
         self.sources: Counter[str] = Counter()
         self.reasons: Counter[str] = Counter()
         self.decisions = self.met = self.late_not_safe = self.mislabelled = self.late_after_label = 0
         self.max_ms = 0.0
         self.worst_late_ms = 0.0
 
-    def add(self, latency_ms: float, measured_ms: float, deadline_ms: float, met: bool, source: str, reason: str,
-            record: bool) -> None:
-        if not record:
-            return
+    def add(self, latency_ms: float, measured_ms: float, deadline_ms: float, met: bool, source: str,
+            reason: str) -> None:
         self.decisions += 1
         self.met += met
         self.sources[source] += 1
@@ -119,10 +104,9 @@ class TaskRecord:
             self.window[self.n_window] = latency_ms
             self.n_window += 1
 
-    def close_window(self, t_s: float) -> None:
+    def close_window(self) -> None:
         if self.n_window:
             self.window_p99_ms.append(float(np.percentile(self.window[: self.n_window], 99)))
-            self.window_t_s.append(t_s)
         self.n_window = 0
 
     def pct(self, q: float, hist: np.ndarray | None = None) -> float:
@@ -168,8 +152,8 @@ def _config(args: argparse.Namespace):
 class Driver:
     """One task, fed like the node's runner: a camera ticks every `period_ns` and offers each frame
     to the task's TaskRunner (the node's worker loop, watchdog included); its depth-1 slot keeps only
-    the newest frame, so frames that arrive while a decision runs are superseded (`skipped`). The
-    runner relabels each decision right before it is "published", here: recorded."""
+    the newest frame, so frames that arrive while a decision runs are superseded (`frames_skipped`).
+    The runner relabels each decision right before it is "published", here: recorded."""
 
     def __init__(self, cop, task: str, record: TaskRecord, pool: list, period_ns: int, t0: int, warmup_ns: int,
                  window_ns: int, end_ns: int):
@@ -187,18 +171,6 @@ class Driver:
         self._window_cpu_ms: list[float] = []
         self.thread = threading.Thread(target=self._feed, name=f"soak-{task}", daemon=True)
 
-    @property
-    def skipped(self) -> int:
-        return self.runner.frames.superseded
-
-    @property
-    def rejected(self) -> int:
-        return sum(self.hooks.rejected.values())
-
-    @property
-    def failed(self) -> int:
-        return self.hooks.errors
-
     def _feed(self) -> None:
         self.runner.start()
         try:
@@ -207,9 +179,12 @@ class Driver:
                 if now < next_tick:
                     time.sleep((next_tick - now) / NS_PER_S)
                     continue
-                scene = self.pool[self.ticks % POOL]  # a test-split sample
-                joints = getattr(scene, "joints_rad", None)
-                self.runner.offer(_telemetry(scene.image, joints, stamp_ns=next_tick))
+                scene = self.pool[self.ticks % POOL]  # a frame arriving now (its budget starts at
+                q = getattr(scene, "joints_rad", None)  # the tick), with the scene's joints
+                joints = None if q is None else Joints(
+                    tuple(f"joint{i + 1}" for i in range(len(q))), q, np.zeros(0), next_tick)
+                frame = Frame(scene.image, next_tick, next_tick, "soak_camera")
+                self.runner.offer(Telemetry(frame, joints=joints))
                 self.ticks += 1
                 next_tick += self.period_ns
         finally:
@@ -220,12 +195,13 @@ class Driver:
         measured_ms = (now - d.start_mono_ns) / NS_PER_MS
         with self._lock:
             self.decided += 1
-            self.record.add(d.latency_ms, measured_ms, d.deadline_ms, d.deadline_met, d.source, d.reason,
-                            record=d.start_mono_ns - self.t0 >= self.warmup_ns)
-            if d.start_mono_ns - self.t0 >= self.warmup_ns and math.isfinite(d.cpu_ms):
-                self._window_cpu_ms.append(d.cpu_ms)
+            if d.start_mono_ns - self.t0 >= self.warmup_ns:  # after the warm-up
+                self.record.add(d.latency_ms, measured_ms, d.deadline_ms, d.deadline_met, d.source,
+                                d.reason)
+                if math.isfinite(d.cpu_ms):
+                    self._window_cpu_ms.append(d.cpu_ms)
             if now >= self._next_window:
-                self.record.close_window((now - self.t0) / NS_PER_S)
+                self.record.close_window()
                 if self._window_cpu_ms:
                     self.cpu_ms_per_decision.append(float(np.mean(self._window_cpu_ms)))
                     self.load_1min.append(os.getloadavg()[0])
@@ -234,8 +210,8 @@ class Driver:
 
 
 def soak(args: argparse.Namespace) -> dict:
-    from sol_control.bench.decode_bench import scene_samples
     from sol_control.coprocessor import Coprocessor, share_gil_quickly
+    from sol_control.eval import scenes
 
     share_gil_quickly()  # as the node does
     cfg = _config(args)
@@ -247,11 +223,10 @@ def soak(args: argparse.Namespace) -> dict:
     cop = Coprocessor(cfg)
     try:
         cop.warmup()
-        pools = {t: scene_samples(t, POOL) for t in cop.tasks}  # test-split scenes
+        pools = {t: scenes(t, "test", POOL) for t in cop.tasks}
         records = {t: TaskRecord(int(rate_hz * args.window_s) + 16, cfg.deadline.publish_margin_ms,
                                  args.label_tolerance_ms) for t in cop.tasks}
         rss_series: list[tuple[float, float]] = []
-        leak: list[bytes] = []
         t0 = time.monotonic_ns()
         end = t0 + int(duration_s * NS_PER_S)
         drivers = [Driver(cop, t, records[t], pools[t], int(NS_PER_S / rate_hz), t0, int(warmup_s * NS_PER_S),
@@ -260,8 +235,6 @@ def soak(args: argparse.Namespace) -> dict:
             d.thread.start()
         while (now := time.monotonic_ns()) < end:  # this thread only samples memory, once a second
             rss_series.append(((now - t0) / NS_PER_S, rss_bytes() / 2**20))
-            if args.leak_kb_per_s > 0:
-                leak.append(b"\x01" * int(args.leak_kb_per_s * 1024))  # touched pages: counted in RSS
             time.sleep(max(0.0, min(1.0, (end - now) / NS_PER_S)))
         for d in drivers:
             d.thread.join(timeout=60.0)
@@ -279,10 +252,12 @@ def _report(cfg, args, records, rss_series, warmup_s, wall_s, drivers) -> dict:
     for d in drivers:
         cpu = d.cpu_ms_per_decision
         tasks[d.task].update({
-            "frames": d.ticks, "frames_decided": d.decided, "frames_skipped": d.skipped,
-            "rejected_inputs": d.rejected, "failed": d.failed, "cpu_ms_per_decision": [round(x, 4) for x in cpu],
+            "frames": d.ticks, "frames_decided": d.decided,
+            "frames_skipped": d.runner.frames.superseded,
+            "rejected_inputs": sum(d.hooks.rejected.values()), "failed": d.hooks.errors,
+            "cpu_ms_per_decision": [round(x, 4) for x in cpu],
             "cpu_drift": drift(cpu) / max(float(np.median(cpu)), 1e-9) if cpu else math.nan})
-    unlabelled = sum(d.failed for d in drivers) + sum(s["mislabelled"] for s in tasks.values())
+    unlabelled = sum(s["failed"] + s["mislabelled"] for s in tasks.values())
     growth = last - warm
     criteria = {"rss_growth_under_5mb": bool(growth < 5.0), "zero_unlabelled_misses": unlabelled == 0,
                 "p99_stable": all(s["p99_stable"] for s in tasks.values())}
@@ -292,15 +267,14 @@ def _report(cfg, args, records, rss_series, warmup_s, wall_s, drivers) -> dict:
         "what": "Coprocessor core in-process (no DDS): real bundles, ONNX Runtime, deadline guard",
         "minutes": args.minutes, "rate_x": args.rate_x, "rate_hz": NOMINAL_HZ * args.rate_x, "mode": cfg.mode,
         "audit_rate": cfg.audit_rate, "warmup_s": warmup_s, "wall_s": wall_s,
-        "frames": sum(d.ticks for d in drivers), "frames_decided": sum(d.decided for d in drivers),
-        "frames_skipped": sum(d.skipped for d in drivers),
+        **{k: sum(s[k] for s in tasks.values())
+           for k in ("frames", "frames_decided", "frames_skipped")},
         "decisions_per_s": sum(s["decisions"] for s in tasks.values()) / max(wall_s - warmup_s, 1e-9),
         "cpu_drift": max(drifts) if drifts else math.nan, "load_1min": [round(x, 2) for x in load],
         "unlabelled_misses": unlabelled,
         "rss_mb": {"after_warmup": warm, "end": last, "max": max(after) if after else math.nan,
                    "growth": growth, "series": [(round(t, 1), round(mb, 2)) for t, mb in rss_series]},
         "rss_growth_mb": growth, "tasks": tasks, "criteria": criteria, "pass": all(criteria.values()),
-        "leak_kb_per_s": args.leak_kb_per_s,
     }
 
 

@@ -1,10 +1,11 @@
 """The ROS side of `sol-control bench node` and `bench cold-start` (rclpy lives here, not in bench/):
 a camera that feeds the node test-split scenes, and listeners for its decisions and diagnostics.
 
-    python -m sol_control.ros.bench_peers publish --task qc --seconds 10 --out pub.json
-        camera images (rgb8, test-split scenes, stamped at send) at --image-hz and joint states at
-        --joint-hz, starting once the node reports `active` on /diagnostics
-    python -m sol_control.ros.bench_peers subscribe --task qc --out sub.json
+    python -m sol_control.ros.bench_peers publish '{"task": "qc", "seconds": 10, "image_hz": 30,
+                                                    "joint_hz": 500, "out": "pub.json"}'
+        camera images (rgb8, test-split scenes, stamped at send) at image_hz and joint states at
+        joint_hz, starting once the node reports `active` on /diagnostics
+    python -m sol_control.ros.bench_peers subscribe '{"task": "qc", "out": "sub.json"}'
         records every decision: stamp, receipt time (ROS clock), source, deadline_met, stage times,
         CPU ms; stops on SIGINT
 
@@ -33,7 +34,8 @@ from sol_control.ros.convert import header, image_to_ros
 
 NODE_STATUS = "sol_control: node"  # the node's own status on /diagnostics
 IMAGE_PERIOD_S = 0.02  # cold start: a fresh image every 20 ms
-START_TIMEOUT_S = 120.0
+START_TIMEOUT_S = 120.0  # for the node to become active, or to decide on a cold start's frames
+SCENES = 30  # test-split scenes the publisher cycles through
 
 
 def scene_pool(task: str, n: int) -> list:
@@ -48,40 +50,54 @@ def decision_topic(task: str) -> str:
     return "qc/verdict" if task == "qc" else "grasp/decision"
 
 
-def publishers(node) -> tuple:
-    """The camera's image and joint-state publishers on `node`."""
-    return (node.create_publisher(Image, "camera/image_raw", qos.sensor_qos(1000.0)),
-            node.create_publisher(JointState, "joint_states", qos.sensor_qos(1000.0)))
+class Camera:
+    """The node's camera on `node`: test-split scenes, each image stamped when sent, with the
+    scene's joint states; and the node's own status on /diagnostics (`state`, `startup.*` times)."""
 
+    def __init__(self, node, task: str, scenes: int):
+        self.node, self.task, self.scenes, self.i = node, task, scene_pool(task, scenes), 0
+        self.images = node.create_publisher(Image, "camera/image_raw", qos.sensor_qos(1000.0))
+        self.joints = node.create_publisher(JointState, "joint_states", qos.sensor_qos(1000.0))
+        node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diagnostics, 10)
+        self.state, self.startup = "", {}
+        self.since_ns = 0  # diagnostics stamped before it are ignored
 
-def joint_state(q, stamp_ns: int) -> JointState:
-    return JointState(header=header(stamp_ns, ""), name=[f"joint{k + 1}" for k in range(len(q))],
-                      position=[float(x) for x in q])
+    def _on_diagnostics(self, msg: DiagnosticArray) -> None:
+        if msg.header.stamp.sec * 10**9 + msg.header.stamp.nanosec < self.since_ns:
+            return
+        for kv in ({v.key: v.value for v in s.values} for s in msg.status if s.name == NODE_STATUS):
+            self.state = kv.get("state", self.state)
+            got = {k[len("startup."):-2]: float(v)  # startup.<stage>_s
+                   for k, v in kv.items() if k.startswith("startup.")}
+            if "first_decision" in got:
+                self.startup = got
+
+    def send_joints(self, stamp_ns: int, zeros: bool = False) -> None:
+        """The current scene's joint states (six zeros for a scene without joints when `zeros`)."""
+        q = self.scenes[self.i % len(self.scenes)][1]
+        q = [0.0] * 6 if q is None and zeros else q
+        if q is not None:
+            names = [f"joint{k + 1}" for k in range(len(q))]
+            self.joints.publish(JointState(header=header(stamp_ns, ""), name=names,
+                                           position=[float(x) for x in q]))
+
+    def send_image(self, stamp_ns: int) -> int:
+        """The current scene's image, then the next scene; its stamp."""
+        image = self.scenes[self.i % len(self.scenes)][0]
+        self.images.publish(image_to_ros(image, stamp_ns, f"{self.task}_camera"))
+        self.i += 1
+        return stamp_ns
 
 
 # ---- `bench node`: the publisher and the subscriber processes ---------------------------------------
 
-def _wait_active(node, timeout_s: float) -> bool:
-    state = {"active": False}
-
-    def on_diag(msg: DiagnosticArray) -> None:
-        for s in msg.status:
-            if s.name == NODE_STATUS and any(v.key == "state" and v.value == "active" for v in s.values):
-                state["active"] = True
-    sub = node.create_subscription(DiagnosticArray, "/diagnostics", on_diag, 10)
-    t0 = time.monotonic()
-    while not state["active"] and time.monotonic() - t0 < timeout_s:
-        rclpy.spin_once(node, timeout_sec=0.05)
-    node.destroy_subscription(sub)
-    return state["active"]
-
-
 def publish(args: argparse.Namespace) -> int:
     rclpy.init()
     node = rclpy.create_node("sol_control_bench_publisher")
-    images, joints = publishers(node)
-    scenes = scene_pool(args.task, args.scenes)
-    if not _wait_active(node, args.wait_s):
+    camera, t0 = Camera(node, args.task, SCENES), time.monotonic()
+    while camera.state != "active" and time.monotonic() - t0 < START_TIMEOUT_S:
+        rclpy.spin_once(node, timeout_sec=0.05)
+    if camera.state != "active":
         print("node never became active", file=sys.stderr)
         return 1
     time.sleep(0.5)
@@ -89,18 +105,14 @@ def publish(args: argparse.Namespace) -> int:
     clock = node.get_clock()
     stamps: list[int] = []
     t0 = time.monotonic()
-    next_img, next_joint, i = t0, t0, 0
+    next_img, next_joint = t0, t0
     joint_period, img_period = 1.0 / max(args.joint_hz, 1e-9), 1.0 / args.image_hz
     while (now := time.monotonic()) - t0 < args.seconds:
         if now >= next_joint and args.joint_hz > 0:
-            q = scenes[i % len(scenes)][1]
-            joints.publish(joint_state(q if q is not None else [0.0] * 6, clock.now().nanoseconds))
+            camera.send_joints(clock.now().nanoseconds, zeros=True)
             next_joint += joint_period
         if now >= next_img:
-            stamp = clock.now().nanoseconds
-            images.publish(image_to_ros(scenes[i % len(scenes)][0], stamp, f"{args.task}_camera"))
-            stamps.append(stamp)
-            i += 1
+            stamps.append(camera.send_image(clock.now().nanoseconds))
             next_img += img_period
         time.sleep(max(0.0, min(next_img, next_joint if args.joint_hz > 0 else next_img) - time.monotonic()))
     with open(args.out, "w") as f:
@@ -138,19 +150,14 @@ def subscribe(args: argparse.Namespace) -> int:
 
 # ---- `bench cold-start`: spawn, first decision, SIGKILL -----------------------------------------------
 
-class Probe:
-    """The camera (and joints) the node decides on, and the listener for its decisions and diagnostics."""
+class Probe(Camera):
+    """The camera the node decides on, and a listener for its decisions and startup times."""
 
     def __init__(self, task: str):
-        self.node = rclpy.create_node("sol_control_cold_start_probe")
-        self.task, self.scenes, self.i = task, scene_pool(task, 8), 0
-        self.images, self.joints = publishers(self.node)
+        super().__init__(rclpy.create_node("sol_control_cold_start_probe"), task, 8)
         self.node.create_subscription(DiagnosticStatus, decision_topic(task), self._on_decision,
                                       qos.decision_qos(0.0))
-        self.node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diagnostics, 10)
         self.first_decision_mono: float | None = None
-        self.startup: dict[str, float] = {}
-        self.since_ns = 0
         self.sent: set[int] = set()
 
     def reset(self) -> None:
@@ -164,23 +171,10 @@ class Probe:
         if self.first_decision_mono is None and stamp in self.sent:
             self.first_decision_mono = time.monotonic()
 
-    def _on_diagnostics(self, msg: DiagnosticArray) -> None:
-        if msg.header.stamp.sec * 10**9 + msg.header.stamp.nanosec < self.since_ns:
-            return
-        for s in msg.status:
-            if s.name == NODE_STATUS:
-                got = {v.key[len("startup."):-2]: float(v.value) for v in s.values if v.key.startswith("startup.")}
-                if "first_decision" in got:
-                    self.startup = got
-
     def publish(self) -> None:
-        image, q = self.scenes[self.i % len(self.scenes)]
         stamp = self.node.get_clock().now().nanoseconds
-        if q is not None:
-            self.joints.publish(joint_state(q, stamp))
-        self.images.publish(image_to_ros(image, stamp, f"{self.task}_camera"))
-        self.sent.add(stamp)
-        self.i += 1
+        self.send_joints(stamp)
+        self.sent.add(self.send_image(stamp))
 
 
 def one_start(probe: Probe, cmd: list[str], env: dict) -> dict:
@@ -217,17 +211,9 @@ def starts(task: str, cmd: list[str], env: dict, n: int) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("role", choices=["publish", "subscribe"])
-    ap.add_argument("--task", choices=["qc", "grasp"], default="qc")
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--seconds", type=float, default=10.0)
-    ap.add_argument("--image-hz", type=float, default=30.0)
-    ap.add_argument("--joint-hz", type=float, default=500.0)
-    ap.add_argument("--scenes", type=int, default=30)
-    ap.add_argument("--wait-s", type=float, default=120.0)
-    args = ap.parse_args(argv)
-    return publish(args) if args.role == "publish" else subscribe(args)
+    """`publish SPEC` or `subscribe SPEC` (the module doc; SPEC is JSON): `bench node` starts it."""
+    role, spec = sys.argv[1:3] if argv is None else argv
+    return (publish if role == "publish" else subscribe)(argparse.Namespace(**json.loads(spec)))
 
 
 if __name__ == "__main__":

@@ -17,17 +17,20 @@ import numpy as np
 
 from ..common import REPO, ms_since, pct, rss_bytes
 
-PEERS_VENV = REPO / ".venv-peers"
-OV_VENV = REPO / ".venv-ov"
-LLAMA_VENV = REPO / ".venv-llama"
-ENGINES = ("ort-genai", "transformers", "openvino", "llama.cpp")
 # engine -> (venv, `tools/setup_peers.sh` target that makes it)
-VENVS = {"ort-genai": (PEERS_VENV, "genai"), "transformers": (PEERS_VENV, "genai"),
-         "openvino": (OV_VENV, "ov"), "llama.cpp": (LLAMA_VENV, "llama")}
+VENVS = {"ort-genai": (REPO / ".venv-peers", "genai"),
+         "transformers": (REPO / ".venv-peers", "genai"),
+         "openvino": (REPO / ".venv-ov", "ov"), "llama.cpp": (REPO / ".venv-llama", "llama")}
+ENGINES = tuple(VENVS)
 # precisions each engine runs by default; "int8"/"int4" are the engine's own weight quantization
 PRECISIONS = {"ort-genai": ("fp32", "int4"), "transformers": ("fp32",),
               "openvino": ("fp32", "int8", "int4"), "llama.cpp": ("fp32", "int8", "int4")}
 WEIGHTS_FROM = "bundle fp32 ONNX"
+
+
+def venv_ready(engine: str) -> bool:
+    """The venv's stamp file: `tools/setup_peers.sh` writes it last, after every install step."""
+    return (VENVS[engine][0] / ".peers-installed").is_file()
 
 
 @dataclass
@@ -131,30 +134,27 @@ def decode_rate(n_tokens: int, first_ms: float, wall_ms: float) -> float | None:
     return (n_tokens - 1) / (wall_ms - first_ms) * 1e3 if n_tokens > 1 and wall_ms > first_ms else None
 
 
+def timed_answer(generate: LMGenerate, ids: list[int], max_new_tokens: int) -> dict:
+    """One answer from an empty cache (`generate.reset` first, untimed): its tokens, ms to the first
+    and in all, and this process's CPU seconds (all threads)."""
+    getattr(generate, "reset", lambda: None)()
+    c0, t0 = time.process_time(), time.monotonic_ns()
+    tokens, first_ms = generate(ids, max_new_tokens, False)
+    return {"tokens": [int(t) for t in tokens], "first_ms": first_ms, "wall_ms": ms_since(t0),
+            "cpu_s": time.process_time() - c0}
+
+
 def time_lm(generate: LMGenerate, w: LMWork) -> dict:
     """Every prompt once (medians over prompts), then the whole agent loop end to end.
 
     decode tokens/s = (new tokens - 1) / time after the first token; TTFT = call to first token;
     tokens/s with prefill = new tokens / whole call; cpu_s_per_query = this process's CPU time
     (all threads) per prompt; rss_mb = the process's peak RSS (a fresh worker per row)."""
-    reset = getattr(generate, "reset", lambda: None)
-    reset()
-    generate(w.prompts[0], 4, False)  # warm-up: first calls allocate
-    decode, ttft, with_prefill, cpu_s, prompts_out = [], [], [], [], []
-    for ids in w.prompts:
-        reset()
-        c0, t0 = time.process_time(), time.monotonic_ns()
-        tokens, first_ms = generate(ids, w.prompt_new_tokens, False)
-        wall_ms, cpu = ms_since(t0), time.process_time() - c0
-        rate = decode_rate(len(tokens), first_ms, wall_ms)
-        if rate is not None:
-            decode.append(rate)
-        ttft.append(first_ms)
-        with_prefill.append(len(tokens) / wall_ms * 1e3)
-        cpu_s.append(cpu)
-        prompts_out.append([int(t) for t in tokens])
+    timed_answer(generate, w.prompts[0], 4)  # warm-up: first calls allocate
+    runs = [timed_answer(generate, ids, w.prompt_new_tokens) for ids in w.prompts]
+    decode = [decode_rate(len(r["tokens"]), r["first_ms"], r["wall_ms"]) for r in runs]
     loop_out, loop_ttft, context = [], [], list(w.loop_first)
-    reset()
+    getattr(generate, "reset", lambda: None)()
     t0 = time.monotonic_ns()
     for r in range(1 + len(w.loop_turns)):
         tokens, first_ms = generate(context, w.loop_new_tokens, r > 0)
@@ -163,13 +163,15 @@ def time_lm(generate: LMGenerate, w: LMWork) -> dict:
         if r < len(w.loop_turns):
             context = next_loop_context(context, loop_out[-1], w.loop_turns[r], w.close, w.stop_ids)
     loop_s = ms_since(t0) / 1e3
-    return {"decode_tokens_per_s": pct(decode, 50), "ttft_ms": pct(ttft, 50),
+    with_prefill = [len(r["tokens"]) / r["wall_ms"] * 1e3 for r in runs]
+    return {"decode_tokens_per_s": pct([d for d in decode if d is not None], 50),
+            "ttft_ms": pct([r["first_ms"] for r in runs], 50),
             "tokens_per_s_with_prefill": pct(with_prefill, 50), "loop_s": loop_s,
             "loop_ttft_ms": pct(loop_ttft, 50), "loop_new_tokens": sum(map(len, loop_out)),
             "loop_context_tokens": len(context) + len(loop_out[-1]),
-            "cpu_s_per_query": pct(cpu_s, 50),
+            "cpu_s_per_query": pct([r["cpu_s"] for r in runs], 50),
             "rss_mb": rss_bytes("VmHWM") / 2**20 or float("nan"),  # this worker's peak
-            "outputs": {"prompts": prompts_out, "loop": loop_out}}
+            "outputs": {"prompts": [r["tokens"] for r in runs], "loop": loop_out}}
 
 
 def worker_env(threads: int) -> dict:
@@ -199,17 +201,9 @@ def serve(answer: Callable[[dict], dict], warm_up: Callable[[], object]) -> dict
 
 def serve_lm(generate: LMGenerate, w: LMWork) -> dict:
     """`serve` for an LM row: a request `{"ids": [...], "max_new": N}` is answered from an empty
-    cache, replied as `{"tokens": [...], "first_ms": ..., "wall_ms": ...}` (timed as `time_lm`
-    times a prompt)."""
-    reset = getattr(generate, "reset", lambda: None)
-
-    def answer(req: dict) -> dict:
-        reset()
-        t0 = time.monotonic_ns()
-        tokens, first_ms = generate(req["ids"], int(req["max_new"]), False)
-        return {"tokens": [int(t) for t in tokens], "first_ms": first_ms, "wall_ms": ms_since(t0)}
-
-    return serve(answer, lambda: (reset(), generate(w.prompts[0], 4, False)))
+    cache and replied as `timed_answer` times it (`tokens`, `first_ms`, `wall_ms`, `cpu_s`)."""
+    return serve(lambda req: timed_answer(generate, req["ids"], int(req["max_new"])),
+                 lambda: timed_answer(generate, w.prompts[0], 4))
 
 
 def timed_row(engine: str, mode: str, precision: str, decide: Decide, w: Workload, timer=time_decisions) -> dict:
@@ -300,7 +294,7 @@ MODULES = {"ort-genai": "ort_genai", "transformers": "hf_transformers", "openvin
 
 
 def worker(spec_path: Path, out_path: Path) -> None:
-    """`python -m sol_control.bench.peers worker SPEC OUT`, in the engine's venv: one step of the
+    """`python -m sol_control.bench.peers SPEC OUT`, in the engine's venv: one step of the
     decision rows (`decision_step`) or of an LM row (`lm_step`), its output as JSON in OUT."""
     import importlib
 
@@ -332,21 +326,21 @@ def lm_step(engine, spec: dict) -> dict:
     return engine.run_lm(src, w, Path(spec["work"]), spec["precision"], spec["mode"], timer=timer)
 
 
-def worker_argv(engine: str, spec_path: Path, out_path: Path | str, python: Path | None = None) -> list[str]:
-    """The worker's command in the engine's venv (`python`: another interpreter)."""
-    python = python or VENVS[engine][0] / "bin" / "python"
-    return [str(python), "-m", "sol_control.bench.peers", "worker", str(spec_path), str(out_path)]
+def worker_argv(engine: str, spec_path: Path, out_path: Path | str) -> list[str]:
+    """The worker's command in the engine's venv."""
+    python = VENVS[engine][0] / "bin" / "python"
+    return [str(python), "-m", "sol_control.bench.peers", str(spec_path), str(out_path)]
 
 
-def call_worker(engine: str, spec: dict, work: Path, tag: str, threads: int, timeout_s: float,
-                python: Path | None = None) -> dict:
-    """One worker step in the engine's venv (`python`: another interpreter), its output; the spec,
-    the output and the worker's log stay in `work` as `tag`.*."""
+def call_worker(engine: str, spec: dict, work: Path, tag: str, threads: int,
+                timeout_s: float) -> dict:
+    """One worker step in the engine's venv, its output; the spec, the output and the worker's log
+    stay in `work` as `tag`.*."""
     work.mkdir(parents=True, exist_ok=True)
     spec_path, out_path = work / f"{tag}.spec.json", work / f"{tag}.out.json"
     spec_path.write_text(json.dumps(spec))
     out_path.unlink(missing_ok=True)
-    proc = subprocess.run(worker_argv(engine, spec_path, out_path, python), env=worker_env(threads),
+    proc = subprocess.run(worker_argv(engine, spec_path, out_path), env=worker_env(threads),
                           capture_output=True, text=True, timeout=timeout_s)
     (work / f"{tag}.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0 or not out_path.is_file():

@@ -13,15 +13,6 @@ from .common import PRECISIONS, Decide, LMGenerate, LMWork, Workload, folder_mb,
 LLAMA_FTYPES = {"int8": "LLAMA_FTYPE_MOSTLY_Q8_0", "int4": "LLAMA_FTYPE_MOSTLY_Q4_0"}
 
 
-def llama_converter() -> Path:
-    """convert_hf_to_gguf.py from the llama-cpp-python source package (`tools/setup_peers.sh llama`
-    unpacks it into the venv; the wheel does not ship it)."""
-    path = Path(sys.prefix) / "llama-cpp-src" / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py"
-    if not path.is_file():
-        raise RuntimeError(f"no GGUF converter at {path}: run `bash tools/setup_peers.sh llama`")
-    return path
-
-
 # The converter wants a real text tokenizer (a BPE needs merges, SentencePiece a tokenizer.model)
 # and our token-id vocabulary has none, so its Llama `set_vocab` is replaced by one that writes a
 # plain list of vocab_size tokens ("llama"/SentencePiece type: tokens, scores and types only).
@@ -53,7 +44,9 @@ sys.exit(convert_hf_to_gguf.main())
 
 
 def gguf_convert(hf_dir: Path, out_dir: Path, precision: str, threads: int) -> Path:
-    """HF folder -> GGUF: F32 with llama.cpp's converter, then Q8_0/Q4_0 with its own quantizer."""
+    """HF folder -> GGUF: F32 with llama.cpp's converter (convert_hf_to_gguf.py from the
+    llama-cpp-python source package: `tools/setup_peers.sh llama` unpacks it into the venv, the
+    wheel does not ship it), then Q8_0/Q4_0 with its own quantizer."""
     import ctypes
 
     import llama_cpp
@@ -61,8 +54,11 @@ def gguf_convert(hf_dir: Path, out_dir: Path, precision: str, threads: int) -> P
     out_dir.mkdir(parents=True, exist_ok=True)
     f32 = out_dir / "model-f32.gguf"
     if not f32.is_file():
+        converter = Path(sys.prefix, "llama-cpp-src/vendor/llama.cpp/convert_hf_to_gguf.py")
+        if not converter.is_file():
+            raise RuntimeError(f"no GGUF converter at {converter}: run tools/setup_peers.sh llama")
         tmp = f32.with_suffix(".tmp")
-        cmd = [sys.executable, "-c", _CONVERT, str(llama_converter()), str(hf_dir), "--outtype", "f32",
+        cmd = [sys.executable, "-c", _CONVERT, str(converter), str(hf_dir), "--outtype", "f32",
                "--outfile", str(tmp)]
         proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         if proc.returncode != 0:

@@ -10,7 +10,7 @@ Two halves, as in `sol_control.bench.peers`:
   engine with `skipped` and a note.
 - `PeerServer.start(gguf, workload, threads, peer)` keeps one row's worker running (its "serve"
   step, `common.serve_lm`: one prompt per request line) for `bench lm --paired`.
-- the worker (`python -m sol_control.bench.peers worker SPEC OUT`, `lm_step`) imports its engine only:
+- the worker (`python -m sol_control.bench.peers SPEC OUT`, `lm_step`) imports its engine only:
     llama.cpp     the GGUF itself (Q4_1), and F32 / Q8_0 GGUFs from the HF folder (its converter
                   and quantizer); plain and prompt lookup (`LlamaPromptLookupDecoding`)
     ort-genai     the builder on the HF folder, fp32 / int8 / int4; plain and n-gram drafting
@@ -21,27 +21,21 @@ Every engine gets the same ids, decodes greedily and stops at a stop id (kept) o
 (prompts 128, loop 64). The agent loop keeps each engine's own cache across rounds where its API
 allows it (the row's `note` says how); round r's context is round r-1's + its answer + `close`
 + the next tool result's user turn (`common.next_loop_context`), so each engine follows its own
-answers; our rows get the same ids (`bench.lm_rows.run_workload`). `fp32_reference` gives our
-engine's fp32 greedy tokens on the same procedure; `lm_agreement` compares.
-
-    python -m sol_control.bench.peers --gguf G --threads 1 [--quick] [--reference] [--json out.json]
+answers; our rows get the same ids (`bench.lm_rows.run_workload`).
 """
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
-import os
 import subprocess
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-from ..common import REPO, first_difference, fmt as _f, table
-from .common import (VENVS, LMWork, ServedWorker, build_once, call_worker, decode_rate, next_loop_context,
-                     serve_worker)
+from ..common import REPO
+from .common import (VENVS, LMWork, ServedWorker, build_once, call_worker, decode_rate,
+                     serve_worker, venv_ready)
 
-WORKLOAD = REPO / "sol_control" / "bench" / "data" / "lm_workload.json"
 LM_ENGINES = ("llama.cpp", "ort-genai", "openvino", "transformers")
 # (precision, mode) per engine, in the order they run; "lookup"/"ngram" = the engine's own
 # prompt-lookup (n-gram) speculative mode, lossless by construction
@@ -52,20 +46,20 @@ LM_MODES = {
     "transformers": [("fp32", "plain"), ("fp32", "lookup")],
 }
 FROM_HF = "HF folder of the GGUF's dequantized weights (fp32, sol_control.lm.hf_writer)"
+TIMEOUT_S = 5400  # a worker step's limit (converting a model included)
 ROW_KEYS = ("engine", "mode", "precision", "threads", "weights_from", "decode_tokens_per_s", "ttft_ms",
             "tokens_per_s_with_prefill", "loop_s", "cpu_s_per_query", "rss_mb", "outputs", "note")
 
 
 # ---- the workload as our tokenizer's ids ------------------------------------------------------------
 
-def lm_work(tok, workload: dict, threads: int = 1, quick: bool = False) -> LMWork:
+def lm_work(tok, workload: dict, threads: int = 1) -> LMWork:
     """Prompts through our chat template; the loop as the first context, the later user turns and
     the ids that close an answer, all cut from the template's own renderings."""
-    n = 3 if quick else None
     loop = workload["agent_loop"]
     system = {"role": "system", "content": loop["system"]}
-    results = loop["tool_results"][:n]
-    prompts = [tok.encode_chat([{"role": "user", "content": p}]) for p in workload["prompts"][:n]]
+    results = loop["tool_results"]
+    prompts = [tok.encode_chat([{"role": "user", "content": p}]) for p in workload["prompts"]]
     first = tok.encode_chat([system, {"role": "user", "content": results[0]}])
     base = tok.render_chat([system], add_generation_prompt=False)
     turns = []
@@ -85,25 +79,20 @@ def lm_work(tok, workload: dict, threads: int = 1, quick: bool = False) -> LMWor
                   loop_new_tokens=int(loop.get("max_new_tokens", 64)), threads=threads)
 
 
+@functools.cache
 def file_digest(path: Path) -> str:
-    """The sha256 prefix of a file, read once per (path, size, mtime) in a process."""
-    st = Path(path).stat()
-    return _digest(str(path), st.st_size, st.st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=16)
-def _digest(path: str, size: int, mtime_ns: int) -> str:
+    """The sha256 prefix of a file, read once per path in a process."""
     from sol_control.bundle import sha256_file
 
-    return sha256_file(Path(path))[:12]
+    return sha256_file(path)[:12]
 
 
-def hf_folder(gguf: Path, cache: Path | None = None) -> Path:
+def hf_folder(gguf: Path) -> Path:
     """The GGUF's dequantized weights + tokenizer as a HF folder, written once under
     `.work/lm/hf/<stem>-<sha256 prefix>` (git-ignored: weights we did not train are never committed)."""
     from sol_control.lm.hf_writer import gguf_to_hf
 
-    folder = Path(cache or REPO / ".work" / "lm" / "hf") / f"{gguf.stem}-{file_digest(gguf)}"
+    folder = REPO / ".work" / "lm" / "hf" / f"{gguf.stem}-{file_digest(gguf)}"
     if not (folder / "config.json").is_file():
         t0 = time.monotonic_ns()
 
@@ -117,25 +106,23 @@ def hf_folder(gguf: Path, cache: Path | None = None) -> Path:
 
 # ---- the worker (inside the engine's venv) ----------------------------------------------------------
 
-def venv_ready(engine: str) -> bool:
-    """The venv's stamp file: `tools/setup_peers.sh` writes it last, after every install step."""
-    return (VENVS[engine][0] / ".peers-installed").is_file()
-
-
-def lm_call(spec: dict, step: str, work: Path, timeout_s: float) -> dict:
-    """The worker's `step` ("prepare", "run") of the LM row `spec`, in its engine's venv."""
-    threads = spec["work_ids"]["threads"]
+def lm_call(spec: dict, step: str):
+    """The worker's `step` of the LM row `spec` in its engine's venv: "prepare" and "run" give its
+    output, "serve" the worker kept running (a `PeerServer`)."""
+    threads, work = spec["work_ids"]["threads"], Path(spec["work"])
     tag = f"{spec['engine']}-{spec['precision']}-{spec['mode']}-{step}-t{threads}"
-    return call_worker(spec["engine"], {**spec, "step": step}, work, tag, threads, timeout_s)
+    if step == "serve":
+        return serve_worker(spec["engine"], spec, work, tag, threads, cls=PeerServer)
+    return call_worker(spec["engine"], {**spec, "step": step}, work, tag, threads, TIMEOUT_S)
 
 
-def prepared(spec: dict, work: Path, timeout_s: float) -> dict:
+def prepared(spec: dict) -> dict:
     """The engine's model at `precision` (the worker converts it when it is not there yet) and its
     format, size and notes; the first conversion's time is recorded next to it, so runs on the
     cached model still report it (`convert_s`, the worker process's wall time)."""
-    record = work / f"{spec['engine']}-{spec['precision']}.convert.json"
+    record = Path(spec["work"]) / f"{spec['engine']}-{spec['precision']}.convert.json"
     t0 = time.monotonic_ns()
-    info = lm_call(spec, "prepare", work, timeout_s)
+    info = lm_call(spec, "prepare")
     if not record.is_file():
         record.write_text(json.dumps({"convert_s": round((time.monotonic_ns() - t0) / 1e9, 1)}))
     return {**info, "convert_s": json.loads(record.read_text())["convert_s"]}
@@ -147,47 +134,41 @@ def empty_row(engine: str, mode: str | None, precision: str | None, threads: int
             "threads": threads, "note": note, "skipped": True}
 
 
-def work_dir(gguf: Path) -> Path:
-    """Where the peers' converted models and worker logs for this GGUF live (git-ignored)."""
-    return REPO / ".work" / "lm" / "peers" / f"{gguf.stem}-{file_digest(gguf)}"
-
-
-def worker_spec(gguf: Path, w: LMWork, engine: str, precision: str, mode: str, work: Path) -> dict:
+def worker_spec(gguf: Path, w: LMWork, engine: str, precision: str, mode: str,
+                work: Path | None) -> dict:
     """What a worker is told: the engine, its row, the model (llama.cpp's int4 is the GGUF itself,
-    the rest start from the HF folder of its dequantized weights, written once) and the ids."""
+    the rest start from the HF folder of its dequantized weights, written once), the ids, and where
+    its converted models and logs live (default `.work/lm/peers/<stem>-<sha256 prefix>/ENGINE`)."""
     native = engine == "llama.cpp" and precision == "int4"
     hf_dir = None if native else hf_folder(gguf)
+    work = work or REPO / ".work" / "lm" / "peers" / f"{gguf.stem}-{file_digest(gguf)}"
     return {"engine": engine, "precision": precision, "mode": mode, "gguf": str(gguf), "native": native,
             "hf_dir": str(hf_dir) if hf_dir else None, "work": str(work / engine), "work_ids": asdict(w)}
 
 
-def run_lm_peers(gguf: Path, workload: dict, threads: int, engines=None, quick: bool = False, *,
-                 reference: dict | None = None, modes: dict | None = None, work: Path | None = None,
-                 timeout_s: float = 5400) -> list[dict]:
+def run_lm_peers(gguf: Path, workload: dict, threads: int, engines=None, *,
+                 modes: dict | None = None, work: Path | None = None) -> list[dict]:
     """One row per (engine, precision, mode) on `workload` (the lm_workload.json dict) at `threads`.
 
     Row keys: ROW_KEYS plus `spec_mode` (the LM_MODES name of the row's mode), `format`, `convert_s`,
-    `model_mb`, `loop_ttft_ms`, `loop_new_tokens`, `loop_context_tokens`, `prompts`/`loop_rounds`; with `reference` ({"prompts": [[ids]], "loop":
-    [[ids]]}, e.g. `fp32_reference(...)`), `agreement` (`lm_agreement`). An engine without its venv,
-    or a row whose worker failed, has `skipped: True`, None figures and the reason in `note`."""
+    `model_mb`, `loop_ttft_ms`, `loop_new_tokens`, `loop_context_tokens`, `prompts` and
+    `loop_rounds`. An engine without its venv, or a row whose worker failed, has `skipped: True`,
+    None figures and the reason in `note`."""
     from sol_control.lm.tokenizer import read_gguf_tokenizer
 
     gguf = Path(gguf).resolve()
-    w = lm_work(read_gguf_tokenizer(gguf), workload, threads, quick)
-    modes = modes or LM_MODES
+    w = lm_work(read_gguf_tokenizer(gguf), workload, threads)
     rows = []
-    work = Path(work or work_dir(gguf))
     for engine in engines or LM_ENGINES:
         if not venv_ready(engine):
             venv, target = VENVS[engine]
             rows.append(empty_row(engine, None, None, threads,
                                   f"skipped: no {venv.name} (run `bash tools/setup_peers.sh {target}`)"))
             continue
-        for precision, mode in modes[engine]:
+        for precision, mode in (modes or LM_MODES)[engine]:
             spec = worker_spec(gguf, w, engine, precision, mode, work)
             try:
-                info = prepared(spec, work / engine, timeout_s)
-                row = lm_call(spec, "run", work / engine, timeout_s)
+                info, row = prepared(spec), lm_call(spec, "run")
             except (RuntimeError, subprocess.TimeoutExpired, OSError) as err:
                 rows.append(empty_row(engine, mode, precision, threads, f"failed: {str(err)[-600:]}"))
                 continue
@@ -196,8 +177,6 @@ def run_lm_peers(gguf: Path, workload: dict, threads: int, engines=None, quick: 
                    "format": info.get("format"), "convert_s": info.get("convert_s"), "model_mb": info.get("model_mb"),
                    "prompts": len(w.prompts), "loop_rounds": 1 + len(w.loop_turns)}
             row["note"] = "; ".join(n for n in (info.get("note"), row.get("note")) if n)
-            if reference is not None:
-                row["agreement"] = lm_agreement(row["outputs"], reference)
             rows.append(row)
     return rows
 
@@ -208,20 +187,17 @@ class PeerServer(ServedWorker):
     that its answers and ours can alternate prompt by prompt."""
 
     @classmethod
-    def start(cls, gguf: Path, workload: dict, threads: int, peer: dict, work: Path | None = None) -> PeerServer:
+    def start(cls, gguf: Path, workload: dict, threads: int, peer: dict) -> PeerServer:
         """The worker for `peer` (engine, precision, spec_mode) at `threads`, its model prepared first."""
         from sol_control.lm.tokenizer import read_gguf_tokenizer
 
-        gguf = Path(gguf).resolve()
-        engine = peer["engine"]
+        gguf, engine = Path(gguf).resolve(), peer["engine"]
         if not venv_ready(engine):
             raise RuntimeError(f"no venv for {engine} (run `bash tools/setup_peers.sh {VENVS[engine][1]}`)")
-        work = Path(work or work_dir(gguf)) / engine
-        spec = worker_spec(gguf, lm_work(read_gguf_tokenizer(gguf), workload, threads), engine, peer["precision"],
-                           peer["spec_mode"], work.parent)
-        prepared(spec, work, 5400)
-        tag = f"{engine}-{peer['precision']}-{peer['spec_mode']}-serve-t{threads}"
-        return serve_worker(engine, spec, work, tag, threads, cls=cls)
+        w = lm_work(read_gguf_tokenizer(gguf), workload, threads)
+        spec = worker_spec(gguf, w, engine, peer["precision"], peer["spec_mode"], None)
+        prepared(spec)
+        return lm_call(spec, "serve")
 
     def decode_tokens_per_s(self, ids: list[int], max_new_tokens: int) -> float | None:
         """The peer's answer to `ids` from an empty cache: decode tokens/s as `time_lm` counts them."""
@@ -230,88 +206,3 @@ class PeerServer(ServedWorker):
 
 
 # ---- our fp32 reference and agreement ---------------------------------------------------------------
-
-def fp32_reference(gguf: Path, workload: dict, threads: int = 1, quick: bool = False,
-                   bundle: Path | None = None, cache: Path | None = None) -> dict:
-    """Our fp32 engine's greedy tokens on the same ids: `sol-control import GGUF --out BUNDLE` (fp32
-    only; once), then a plain fp32 row through the workload (`lm_rows.run_workload`: each loop round's
-    context from its own answers). Cached under `.work/lm/peers/` by the ids' sha256."""
-    from sol_control.bundle import Bundle
-    from sol_control.cli import main
-    from sol_control.decoding import open_decoder
-    from sol_control.lm.tokenizer import read_gguf_tokenizer
-
-    from ..lm_rows import Row, run_workload
-
-    gguf = Path(gguf).resolve()
-    w = lm_work(read_gguf_tokenizer(gguf), workload, threads, quick)
-    key = hashlib.sha256(json.dumps([w.prompts, w.loop_first, w.loop_turns, w.close, w.prompt_new_tokens,
-                                     w.loop_new_tokens]).encode()).hexdigest()[:12]
-    path = Path(cache or REPO / ".work" / "lm" / "peers") / f"fp32_reference-{key}.json"
-    if path.is_file():
-        return json.loads(path.read_text())
-    bundle = Path(bundle or REPO / ".work" / "lm" / "peers_ref")
-    if (bundle / "manifest.json").is_file():
-        source = json.loads((bundle / "manifest.json").read_text())["metrics"]["import"]["target"]
-        if source.get("file") != gguf.name:
-            raise ValueError(f"{bundle} was imported from {source.get('file')!r}, not {gguf.name!r}: "
-                             f"give another bundle folder")
-    elif main(["import", str(gguf), "--out", str(bundle)]) != 0:
-        raise RuntimeError(f"sol-control import {gguf} failed (see above)")
-    target = open_decoder(Bundle.load(bundle), "target", "fp32", threads)
-    row = Row("fp32", "fp32", "plain", target, threads=threads)
-    run_workload([row], w, 1)
-    answers = {part: [[int(t) for t in run.tokens] for run in runs[0]]
-               for part, runs in (("prompts", row.prompts), ("loop", row.loops))}
-    ref = {**answers, "bundle": str(bundle), "precision": "fp32"}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(ref))
-    return ref
-
-
-def lm_agreement(outputs: dict, reference: dict) -> dict:
-    """Prompts whose tokens equal the reference's (and where the others first differ); loop rounds
-    equal before the first round that differs (after it the contexts differ too)."""
-    first_diff = [first_difference(got, want) for got, want in zip(outputs["prompts"], reference["prompts"])]
-    rounds = 0
-    for got, want in zip(outputs["loop"], reference["loop"]):
-        if got != want:
-            break
-        rounds += 1
-    return {"prompts_equal": sum(d is None for d in first_diff), "prompts": len(first_diff),
-            "first_difference_at": first_diff, "loop_rounds_equal": rounds, "loop_rounds": len(reference["loop"])}
-
-
-# ---- the table --------------------------------------------------------------------------------------
-
-def print_lm_rows(rows: list[dict]) -> None:
-    head = ["engine", "mode", "prec", "format", "decode tok/s", "TTFT ms", "tok/s w/ prefill", "loop s",
-            "CPU s/query", "RSS MB", "= fp32 prompts", "= fp32 loop"]
-    body = []
-    for r in rows:
-        if r.get("skipped"):
-            continue
-        a = r.get("agreement")
-        body.append([r["engine"], r["mode"], r["precision"], r.get("format") or "-",
-                     _f(r["decode_tokens_per_s"], ".1f"), _f(r["ttft_ms"], ".0f"),
-                     _f(r["tokens_per_s_with_prefill"], ".1f"), _f(r["loop_s"], ".1f"),
-                     _f(r["cpu_s_per_query"], ".2f"), _f(r["rss_mb"], ".0f"),
-                     f"{a['prompts_equal']}/{a['prompts']}" if a else "-",
-                     f"{a['loop_rounds_equal']}/{a['loop_rounds']}" if a else "-"])
-    print(table(head, body))
-    for r in rows:
-        if r.get("skipped"):
-            print(f"{r['engine']} {r['mode'] or ''} {r['precision'] or ''}: {r['note']}")
-
-
-def lm_main(args) -> int:
-    """`python -m sol_control.bench.peers --gguf G` (the arguments: `peers.main`)."""
-    workload = json.loads((args.workload or WORKLOAD).read_text())
-    reference = fp32_reference(args.gguf, workload, args.threads, args.quick) if args.reference else None
-    rows = run_lm_peers(args.gguf, workload, args.threads, args.engines, args.quick, reference=reference)
-    print(f"{args.gguf.name}, {args.threads} thread(s), {'quick' if args.quick else 'full'} workload")
-    print_lm_rows(rows)
-    if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "reference": reference, "threads": args.threads,
-                                         "quick": args.quick, "loadavg": os.getloadavg()}, indent=1))
-    return 0 if any(not r.get("skipped") for r in rows) else 1
