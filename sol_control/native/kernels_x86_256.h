@@ -54,30 +54,25 @@ static inline __attribute__((always_inline)) void sweep(const uint8_t *x, const 
 }
 
 #define SWEEP_CASE(r, nb, s) case r: sweep(x, r, nb, s, k, w, stride, sums); break;
+#if SUB_ROWS == 6
+#define ONE_BLOCK_CASES(s) SWEEP_CASE(1, 1, s) SWEEP_CASE(2, 1, s) SWEEP_CASE(3, 1, s) SWEEP_CASE(4, 1, s) \
+                           SWEEP_CASE(5, 1, s) SWEEP_CASE(6, 1, s)
+#elif SUB_ROWS == 4
+#define ONE_BLOCK_CASES(s) SWEEP_CASE(1, 1, s) SWEEP_CASE(2, 1, s) SWEEP_CASE(3, 1, s) SWEEP_CASE(4, 1, s)
+#else
+#error "SUB_ROWS is 4 or 6"
+#endif
 static void sweep_rows(const uint8_t *x, int R, int NB, int split, int k, const int8_t *w, size_t stride,
                        int32_t *sums) {
     if (split) {
         if (NB == 2) switch (R) { SWEEP_CASE(1, 2, 1) SWEEP_CASE(2, 2, 1) }
-        else switch (R) { SWEEP_CASE(1, 1, 1) SWEEP_CASE(2, 1, 1) SWEEP_CASE(3, 1, 1) SWEEP_CASE(4, 1, 1)
-#if SUB_ROWS >= 5
-                          SWEEP_CASE(5, 1, 1)
-#endif
-#if SUB_ROWS >= 6
-                          SWEEP_CASE(6, 1, 1)
-#endif
-                        }
+        else switch (R) { ONE_BLOCK_CASES(1) }
     } else {
         if (NB == 2) switch (R) { SWEEP_CASE(1, 2, 0) SWEEP_CASE(2, 2, 0) }
-        else switch (R) { SWEEP_CASE(1, 1, 0) SWEEP_CASE(2, 1, 0) SWEEP_CASE(3, 1, 0) SWEEP_CASE(4, 1, 0)
-#if SUB_ROWS >= 5
-                          SWEEP_CASE(5, 1, 0)
-#endif
-#if SUB_ROWS >= 6
-                          SWEEP_CASE(6, 1, 0)
-#endif
-                        }
+        else switch (R) { ONE_BLOCK_CASES(0) }
     }
 }
+#undef ONE_BLOCK_CASES
 #undef SWEEP_CASE
 
 /* does any of the R rows hold an activation DOT4 cannot sum exactly? */
