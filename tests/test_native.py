@@ -304,13 +304,15 @@ def test_speculation_on_the_native_int4_pass_equals_its_plain_greedy(lm):
 
 
 def test_keys_written_by_the_prefill_graph_are_taken_over(lm):
-    """After a prefill through ORT's int8 graph the C pass's transposed keys hold the cache's keys."""
+    """After a prefill through ORT's int8 graph the C pass's keys (tiles of 16 positions, each
+    [head_dim][16]) hold the cache's keys."""
     nat, _ = _lm_pair(lm, prefill=True)
     nat.prefill(np.arange(3, 20, dtype=np.int64))
     L, C, D, kv = nat.length, nat._capacity, nat.head_dim, nat.n_heads
     keys = nat._kv[0].reshape(kv, C, D)[:, :L]
-    keys_t = nat._keys_t[: kv * D * -(-C // 16) * 16].reshape(kv, D, -1)[:, :, :L]
-    assert np.array_equal(keys_t, keys.transpose(0, 2, 1)) and np.any(keys != 0)
+    tiles = nat._keys_t[: kv * D * -(-C // 16) * 16].reshape(kv, -1, D, 16)  # [head][tile][d][16 positions]
+    keys_t = tiles.transpose(0, 1, 3, 2).reshape(kv, -1, D)[:, :L]  # [head][position][d]
+    assert np.array_equal(keys_t, keys) and np.any(keys != 0)
 
 
 def test_the_prefill_graph_gets_the_sessions_threads(lm):

@@ -434,7 +434,7 @@ class NativeDecoderSession(FusedDecoderSession):
         self._c_args = (ctypes.byref(m), ptr(self._ids))  # sol_run's arguments before T, L, rows, heads_on
         self._c_buffers = tuple(ptr(a) for a in (self._kv, self._keys_t, self._logits, self._probs, self._accepted,
                                                  self._heads, self._scratch))  # and after them
-        self._c_keys = self._c_buffers[:2]  # the cache and the transposed keys: sol_sync_keys' arguments
+        self._c_keys = self._c_buffers[:2]  # the cache and the tiled keys: sol_sync_keys' arguments
 
     def _call(self, T: int, L: int, rows: int, b) -> None:
         if self._through_ort or b is not self._main:  # ONNX Runtime: a prefill graph, or the check

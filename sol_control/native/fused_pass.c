@@ -30,7 +30,7 @@ static const Kernels *kernels_of(const Model *m) { return m->kernels ? m->kernel
 
 long sol_scratch_floats(const Model *m, int T) { return scratch_floats(m, T); }
 
-/* floats of the transposed keys a session keeps beside its cache (sol_run's keys_t) */
+/* floats of the keys a session keeps beside its cache in tiles of 16 positions (sizes.h; sol_run's keys_t) */
 long sol_keys_t_floats(const Model *m) {
     return (long)m->n_layers * m->kv_heads * m->head_dim * padded16(m->capacity);
 }
@@ -43,12 +43,12 @@ void sol_sync_keys(const Model *m, const float *kv, float *keys_t, int L0, int L
         float *kt = keys_t + (size_t)i * m->kv_heads * D * Ct;
         for (int h = 0; h < m->kv_heads; h++)
             for (int pos = L0; pos < L1; pos++)
-                for (int d = 0; d < D; d++) kt[((size_t)h * D + d) * Ct + pos] = keys[((size_t)h * C + pos) * D + d];
+                for (int d = 0; d < D; d++) kt[key_index(D, Ct, h, d, pos)] = keys[((size_t)h * C + pos) * D + d];
     }
 }
 
 /* One call: ids [T] after L cached positions (kv: [2 * layers][kv_heads][capacity][head_dim], the
- * new rows written at L..L+T-1, and keys_t the same keys transposed, sol_keys_t_floats); logits
+ * new rows written at L..L+T-1, and keys_t the same keys in tiles, sol_keys_t_floats); logits
  * [rows][vocab] and probs [rows] of the last `rows` ids. With draft heads: accepted [2] = n, how
  * many of the last rows - 1 ids equal the argmax of the row before each (the first mismatch), and
  * the argmax of row n; the heads' guesses at row n with heads_on 1, or with 2 where a guess was

@@ -10,7 +10,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "pass.h"
+#include "sizes.h"
 
 /* 16 floats as one value (one zmm with AVX-512, two ymm with AVX2, four q registers on NEON) */
 typedef float v16 __attribute__((vector_size(64)));
@@ -211,7 +211,7 @@ static inline void portable_silu_gate(const float *g, int I, float *out) {
 }
 
 /* the scores s [nq][Ct] at positions [0, n rounded up to 16) of nq <= ATT_Q query vectors q[i]
- * against one kv head's transposed keys KT [head_dim][Ct]: each key vector loaded once for all of
+ * against one kv head's keys KT (sizes.h's tiles of 16 positions): each key vector loaded once for all of
  * them. A score is a sum over d in four chains (d mod 4) added in one order, whatever nq is. */
 static inline __attribute__((always_inline)) void score_sweep(const float *const *q, const int nq, const float *KT,
                                                              int D, int Ct, int n, float scale, float *s) {
@@ -220,8 +220,8 @@ static inline __attribute__((always_inline)) void score_sweep(const float *const
 #pragma GCC unroll 6
         for (int i = 0; i < nq; i++) a[i][0] = a[i][1] = a[i][2] = a[i][3] = (v16){0};
         for (int d = 0; d < D; d += 4) {
-            const float *k = KT + (size_t)d * Ct + j0;
-            v16 k0 = load16(k), k1 = load16(k + Ct), k2 = load16(k + 2 * Ct), k3 = load16(k + 3 * Ct);
+            const float *k = key_row(KT, D, j0, d);
+            v16 k0 = load16(k), k1 = load16(k + KEY_TILE), k2 = load16(k + 2 * KEY_TILE), k3 = load16(k + 3 * KEY_TILE);
 #pragma GCC unroll 6
             for (int i = 0; i < nq; i++) {
                 a[i][0] = fma16(a[i][0], q[i][d], k0);

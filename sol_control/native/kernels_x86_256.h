@@ -11,6 +11,7 @@
 #include <immintrin.h>
 
 #include "kernels_portable.h"
+#include "sizes.h"
 
 #ifndef SUB_ROWS  /* rows one sweep carries: 2 x 4 accumulators with 2 blocks, SUB_ROWS x 2 with 1 */
 #define SUB_ROWS 6  /* with 32 registers (EVEX); the VEX variants set 4 */
@@ -110,64 +111,52 @@ static void gemm_s8_256(const Linear *L, const uint8_t *q, int R, int b0, int b1
     }
 }
 
-/* int4: one group of 16 outputs for R <= Q4_SUB rows: per block, the integer sums of its nibbles
- * against each row's int8 block (q4_block_sums), less xc, then acc = fma(sum, scale x xs, acc),
- * fma(mins, bs, acc) */
+/* int4: half h of a group of 16 outputs (8 columns, one register) for R <= Q4_SUB rows, through the
+ * group's records: per record the integer sums of its nibbles against each row's int8 block (one
+ * register a row), less xc, then acc = fma(sum, scale x xs, acc), fma(mins, bs, acc) as generic C.
+ * A half at a time, the R rows' sums and accumulators (2 R), the nibbles and the broadcast rows fit
+ * in 16 registers; both halves at once spilled. */
 #define Q4_SUB 4
 
-/* s[r][half]: the integer sums of a record's nibbles against each of R rows' int8 blocks (x, rows k
- * apart), one 32-byte slice of nibbles (8 outputs x 4 inputs) at a time so that the rows' sums stay
- * in registers */
-static inline __attribute__((always_inline)) void q4_block_sums(__m256i s[Q4_SUB][2], const uint8_t *p,
-                                                               const int8_t *x, int k, const int R) {
-    __m256i acc[Q4_SUB][2];
+static inline __attribute__((always_inline)) void q4_half(const Linear *L, const int8_t *q, const float *xs,
+                                                         const float *bs, const int32_t *xc, const int R, int g,
+                                                         int h, float *y) {
+    int k = L->k, nb = k / Q4_BLOCK;
+    const uint8_t *p = (const uint8_t *)L->w + (size_t)g * nb * Q4_RECORD + 32 * h;  /* the half's nibbles */
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    __m256 acc[Q4_SUB];
 #pragma GCC unroll 4
-    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
-    for (int j = 0; j < 4; j++) {
-        __m256i lo[2], hi[2];
-        for (int h = 0; h < 2; h++) {
-            __m256i raw = _mm256_loadu_si256((const __m256i *)(p + 64 * j + 32 * h));
-            lo[h] = _mm256_and_si256(raw, _mm256_set1_epi8(0x0F));
-            hi[h] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0F));
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++, p += Q4_RECORD) {
+        const int8_t *x = q + b * Q4_BLOCK;
+        __m256i s[Q4_SUB];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) s[r] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+        for (int j = 0; j < 4; j++) {
+            __m256i raw = _mm256_loadu_si256((const __m256i *)(p + 64 * j));
+            __m256i lo = _mm256_and_si256(raw, low), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++)
+                s[r] = Q4_DOT(s[r], lo, hi, bcast4(x + (size_t)r * k + 8 * j), bcast4(x + (size_t)r * k + 8 * j + 4));
         }
+        const __m256 ws = _mm256_loadu_ps((const float *)(p + 256)), mins = _mm256_loadu_ps((const float *)(p + 320));
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
-            __m256i xa = bcast4(x + (size_t)r * k + 8 * j), xb = bcast4(x + (size_t)r * k + 8 * j + 4);
-            for (int h = 0; h < 2; h++) acc[r][h] = Q4_DOT(acc[r][h], lo[h], hi[h], xa, xb);
+            __m256 sum = _mm256_cvtepi32_ps(_mm256_sub_epi32(Q4_WIDEN(s[r]), _mm256_set1_epi32(xc[r * nb + b])));
+            acc[r] = _mm256_fmadd_ps(sum, _mm256_mul_ps(ws, _mm256_set1_ps(xs[r * nb + b])), acc[r]);
+            acc[r] = _mm256_fmadd_ps(mins, _mm256_set1_ps(bs[r * nb + b]), acc[r]);
         }
     }
 #pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-        for (int h = 0; h < 2; h++) s[r][h] = Q4_WIDEN(acc[r][h]);
+    for (int r = 0; r < R; r++) _mm256_storeu_ps(y + (size_t)r * L->n + g * 16 + 8 * h, acc[r]);
 }
+
 static inline __attribute__((always_inline)) void q4_group(const Linear *L, const int8_t *q, const float *xs,
                                                           const float *bs, const int32_t *xc, const int R, int g,
                                                           float *y) {
-    int k = L->k, n = L->n, nb = k / Q4_BLOCK;
-    const uint8_t *p = (const uint8_t *)L->w + (size_t)g * nb * Q4_RECORD;
-    __m256 acc[Q4_SUB][2];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    for (int b = 0; b < nb; b++, p += Q4_RECORD) {
-        __m256i s[Q4_SUB][2];
-        q4_block_sums(s, p, q + b * Q4_BLOCK, k, R);
-        const __m256 ws[2] = {_mm256_loadu_ps((const float *)(p + 256)), _mm256_loadu_ps((const float *)(p + 288))};
-        const __m256 mins[2] = {_mm256_loadu_ps((const float *)(p + 320)), _mm256_loadu_ps((const float *)(p + 352))};
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            __m256 xsv = _mm256_set1_ps(xs[r * nb + b]), bsv = _mm256_set1_ps(bs[r * nb + b]);
-            __m256i c = _mm256_set1_epi32(xc[r * nb + b]);
-#pragma GCC unroll 2
-            for (int h = 0; h < 2; h++) {
-                __m256 sum = _mm256_cvtepi32_ps(_mm256_sub_epi32(s[r][h], c));
-                acc[r][h] = _mm256_fmadd_ps(sum, _mm256_mul_ps(ws[h], xsv), acc[r][h]);
-                acc[r][h] = _mm256_fmadd_ps(mins[h], bsv, acc[r][h]);
-            }
-        }
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-        for (int h = 0; h < 2; h++) _mm256_storeu_ps(y + (size_t)r * n + g * 16 + 8 * h, acc[r][h]);
+    q4_half(L, q, xs, bs, xc, R, g, 0, y);
+    q4_half(L, q, xs, bs, xc, R, g, 1, y);
 }
 
 /* the groups [g0, g1) of y [R][n], Q4_SUB rows at a time */
@@ -228,6 +217,81 @@ static int argmax_256(const float *x, int n) {
     return argmax_lanes(top, at, x, i, n);
 }
 
+/* ---- attention in 16 registers: portable_scores' and portable_values_mix's numbers (each lane's
+ * sums in the same chains and order), 8 lanes and up to 2 queries a sweep instead of 16 lanes and 6
+ * queries, whose accumulators would not fit in 16 ymm registers (the keys or values a sweep reads
+ * are read again from cache for the next pair) */
+
+/* scores of queries q[0..NQ) at positions [j0, j0 + 8): four chains over d mod 4, as score_sweep */
+static inline __attribute__((always_inline)) void score_8(const float *const *q, const int NQ, const float *KT,
+                                                         int D, int Ct, int j0, __m256 scale, float *s) {
+    __m256 a[2][4];
+#pragma GCC unroll 2
+    for (int i = 0; i < NQ; i++) a[i][0] = a[i][1] = a[i][2] = a[i][3] = _mm256_setzero_ps();
+    for (int d = 0; d < D; d += 4) {
+        const float *k = key_row(KT, D, j0, d);
+        __m256 kv[4] = {_mm256_loadu_ps(k), _mm256_loadu_ps(k + KEY_TILE), _mm256_loadu_ps(k + 2 * KEY_TILE),
+                        _mm256_loadu_ps(k + 3 * KEY_TILE)};
+#pragma GCC unroll 2
+        for (int i = 0; i < NQ; i++)
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) a[i][c] = _mm256_fmadd_ps(_mm256_set1_ps(q[i][d + c]), kv[c], a[i][c]);
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < NQ; i++)
+        _mm256_storeu_ps(s + (size_t)i * Ct + j0,
+                         _mm256_mul_ps(_mm256_add_ps(_mm256_add_ps(a[i][0], a[i][1]), _mm256_add_ps(a[i][2], a[i][3])), scale));
+}
+
+static void scores_256(const float *const *q, int nq, const float *KT, int D, int Ct, int n, float scale, float *s) {
+    const __m256 sc = _mm256_set1_ps(scale);
+    for (int j0 = 0; j0 < padded16(n); j0 += 8)
+        for (int i = 0; i < nq; i += 2) {
+            if (nq - i >= 2)
+                score_8(q + i, 2, KT, D, Ct, j0, sc, s + (size_t)i * Ct);
+            else
+                score_8(q + i, 1, KT, D, Ct, j0, sc, s + (size_t)i * Ct);
+        }
+}
+
+/* out[i][d0, d0 + 8 NC) of queries p[0..NQ): sums over j < n in the order of j, as value_sweep */
+static inline __attribute__((always_inline)) void values_8(const float *const *p, const int NQ, const int NC,
+                                                          const float *V, int D, int n, int d0, const float *inv,
+                                                          float *const *out) {
+    __m256 a[2][4];
+#pragma GCC unroll 2
+    for (int i = 0; i < NQ; i++)
+#pragma GCC unroll 4
+        for (int c = 0; c < NC; c++) a[i][c] = _mm256_setzero_ps();
+    for (int j = 0; j < n; j++) {
+        __m256 v[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < NC; c++) v[c] = _mm256_loadu_ps(V + (size_t)j * D + d0 + 8 * c);
+#pragma GCC unroll 2
+        for (int i = 0; i < NQ; i++) {
+            __m256 pij = _mm256_set1_ps(p[i][j]);
+#pragma GCC unroll 4
+            for (int c = 0; c < NC; c++) a[i][c] = _mm256_fmadd_ps(pij, v[c], a[i][c]);
+        }
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < NQ; i++)
+#pragma GCC unroll 4
+        for (int c = 0; c < NC; c++) _mm256_storeu_ps(out[i] + d0 + 8 * c, _mm256_mul_ps(a[i][c], _mm256_set1_ps(inv[i])));
+}
+
+static void values_mix_256(const float *const *p, int nq, const float *V, int D, int n, const float *inv,
+                           float *const *out) {
+    for (int d0 = 0; d0 < D; d0 += 32)  /* D % 16 == 0: 32 columns, or the last 16 */
+        for (int i = 0; i < nq; i += 2) {
+            int two = nq - i >= 2, wide = D - d0 >= 32;
+            if (two && wide) values_8(p + i, 2, 4, V, D, n, d0, inv + i, out + i);
+            else if (two) values_8(p + i, 2, 2, V, D, n, d0, inv + i, out + i);
+            else if (wide) values_8(p + i, 1, 4, V, D, n, d0, inv + i, out + i);
+            else values_8(p + i, 1, 2, V, D, n, d0, inv + i, out + i);
+        }
+}
+
 DECLARE_WALK
 
 #define TABLE_NAME2(v) sol_kernels_##v
@@ -236,7 +300,8 @@ DECLARE_WALK
 #define STRING(v) STRING2(v)
 const Kernels TABLE_NAME(VARIANT) = {
     .name = STRING(VARIANT), .gemm_s8 = gemm_s8_256, .q4_rows = q4_rows_256, .quantize = quantize_256,
-    .argmax = argmax_256, PORTABLE_FLOAT_KERNELS, .run = walk_run,
+    .argmax = argmax_256, PORTABLE_FLOAT_KERNELS, .scores = scores_256,
+    .values_mix = values_mix_256, .run = walk_run,
 };
 
 #define THIS (&TABLE_NAME(VARIANT))

@@ -8,6 +8,19 @@
 
 static inline int padded16(int n) { return (n + 15) / 16 * 16; }
 
+/* keys_t, the keys the pass reads (the cache holds them too): per layer and kv head [Ct / 16] tiles of
+ * 16 positions, each [head_dim][16], so that a score sweep over 8 or 16 positions streams one tile
+ * (a [head_dim][capacity] layout put each dimension's keys a page apart at long capacities) */
+#define KEY_TILE 16
+static inline size_t key_index(int D, int Ct, int h, int d, int pos) {
+    return (size_t)h * D * Ct + (size_t)(pos / KEY_TILE) * KEY_TILE * D + (size_t)d * KEY_TILE + pos % KEY_TILE;
+}
+
+/* within one head's tiles KT: the keys at dimension d of positions [j0, j0 + 16 - j0 % 16) */
+static inline const float *key_row(const float *KT, int D, int j0, int d) {
+    return KT + (size_t)(j0 / KEY_TILE) * KEY_TILE * D + (size_t)d * KEY_TILE + j0 % KEY_TILE;
+}
+
 static inline int max3(int a, int b, int c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
 
 static inline int max_width(const Model *m) {  /* the widest output of a linear */

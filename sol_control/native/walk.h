@@ -114,8 +114,8 @@ static void rotate(float *v, const float *cos, const float *sin, int d) {
 
 
 /* attention of T rows (query heads in qkv rows of `width`, at positions L..L+T-1, each over cache
- * rows [0, its position]) for one layer; the keys transposed ([kv_heads][head_dim][capacity rounded
- * up to 16]), the values as the cache holds them. The queries that share a kv head (its group's
+ * rows [0, its position]) for one layer; the keys in keys_t's tiles (sizes.h), the values as the
+ * cache holds them. The queries that share a kv head (its group's
  * heads in all T rows) go through its keys and values together, ATT_Q at a time; a query's
  * numbers are the same in any company (its sums in fixed orders, zeros past its own positions). */
 static void attend(const Model *m, const float *qkv, int width, int T, int L, const float *keys_t,
@@ -185,7 +185,7 @@ static void attention_block(const Model *m, int i, int T, int keep, int L, float
         for (int h = 0; h < m->kv_heads; h++) {
             rotate(row + nq + h * D, cs, sn, D);
             memcpy(keys + ((size_t)h * C + pos) * D, row + nq + h * D, sizeof(float) * D);
-            for (int d = 0; d < D; d++) kt[((size_t)h * D + d) * Ct + pos] = row[nq + h * D + d];
+            for (int d = 0; d < D; d++) kt[key_index(D, Ct, h, d, pos)] = row[nq + h * D + d];
             memcpy(values + ((size_t)h * C + pos) * D, row + nq + nkv + h * D, sizeof(float) * D);
         }
     }
