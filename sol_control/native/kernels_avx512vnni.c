@@ -10,7 +10,7 @@
 /* y [R][width] (rows ldy apart) = (rows x [R][k] (u8) . NB column blocks of w (each [k / 4][16][4],
  * `stride` apart) - zp) * scale: the integer sums, then the epilogue on them in registers */
 static inline __attribute__((always_inline)) void sweep(const uint8_t *x, const int R, const int NB, int k,
-                                                       const int8_t *w, size_t stride, const int32_t *zp,
+                                                       const int8_t *w, size_t stride, int pf, const int32_t *zp,
                                                        const float *scale, float *y, size_t ldy, int width) {
     __m512i acc[ROW_BLOCK][MAX_NB];
     int32_t sums[ROW_BLOCK * MAX_NB * 16];
@@ -21,7 +21,10 @@ static inline __attribute__((always_inline)) void sweep(const uint8_t *x, const 
     for (int kb = 0; kb < k / 4; kb++) {
         __m512i wv[MAX_NB];
 #pragma GCC unroll 4
-        for (int b = 0; b < NB; b++) wv[b] = _mm512_loadu_si512((const void *)(w + b * stride + kb * 64));
+        for (int b = 0; b < NB; b++) {
+            if (pf) _mm_prefetch((const char *)(w + b * stride + kb * 64 + PF_AHEAD), _MM_HINT_T0);
+            wv[b] = _mm512_loadu_si512((const void *)(w + b * stride + kb * 64));
+        }
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             int32_t u;
@@ -47,9 +50,9 @@ static inline __attribute__((always_inline)) void sweep(const uint8_t *x, const 
         }
     }
 }
-#define SWEEP_CASE(r, nb) case r: sweep(x, r, nb, k, w, stride, zp, scale, y, ldy, width); break;
+#define SWEEP_CASE(r, nb) case r: sweep(x, r, nb, k, w, stride, pf, zp, scale, y, ldy, width); break;
 /* NB = 4 for up to 6 rows, 2 for 7-8 (register budget), 1 for the last blocks */
-static void sweep_rows(const uint8_t *x, int R, int NB, int k, const int8_t *w, size_t stride, const int32_t *zp,
+static void sweep_rows(const uint8_t *x, int R, int NB, int k, const int8_t *w, size_t stride, int pf, const int32_t *zp,
                        const float *scale, float *y, size_t ldy, int width) {
     if (NB == 4) {
         switch (R) { SWEEP_CASE(1, 4) SWEEP_CASE(2, 4) SWEEP_CASE(3, 4) SWEEP_CASE(4, 4) SWEEP_CASE(5, 4)
@@ -67,13 +70,14 @@ static void sweep_rows(const uint8_t *x, int R, int NB, int k, const int8_t *w, 
 static void avx512_gemm_s8(const Linear *L, const uint8_t *q, int R, int b0, int b1, float *y) {
     int k = L->k, n = L->n;
     size_t stride = (size_t)k * 16;
+    int pf = (size_t)k * n >= PF_MIN_WEIGHTS;
     for (int chunk = b0; chunk < b1; chunk += MAX_NB) {
         int chunk_end = b1 - chunk < MAX_NB ? b1 : chunk + MAX_NB;
         for (int r0 = 0; r0 < R; r0 += ROW_BLOCK) {
             int rb = R - r0 < ROW_BLOCK ? R - r0 : ROW_BLOCK, wide = rb <= 6 ? 4 : 2;
             for (int nb = chunk; nb < chunk_end;) {
                 int NB = chunk_end - nb >= wide ? wide : 1, c0 = nb * 16, width = n - c0 < NB * 16 ? n - c0 : NB * 16;
-                sweep_rows(q + r0 * k, rb, NB, k, L->w + nb * stride, stride, L->zp_sums + c0, L->scale + c0,
+                sweep_rows(q + r0 * k, rb, NB, k, L->w + nb * stride, stride, pf, L->zp_sums + c0, L->scale + c0,
                            y + (size_t)r0 * n + c0, n, width);
                 nb += NB;
             }
@@ -94,6 +98,7 @@ static inline __attribute__((always_inline)) void q4_sweep(const Linear *L, cons
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
         for (int b = 0; b < nb; b++, p += Q4_RECORD) {
+            for (int l = 0; l < Q4_RECORD; l += 64) _mm_prefetch((const char *)(p + PF_AHEAD + l), _MM_HINT_T0);
             __m512i lo_sum[ROW_BLOCK], hi_sum[ROW_BLOCK];
 #pragma GCC unroll 8
             for (int r = 0; r < R; r++) lo_sum[r] = hi_sum[r] = _mm512_setzero_si512();

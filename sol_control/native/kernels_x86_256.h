@@ -31,7 +31,7 @@ static inline __m256i dot4_split(__m256i acc, __m256i x, __m256i w) {
 
 /* sums [R][NB * 16] = rows x [R][k] (u8) . NB column blocks of w (each [k / 4][16][4], `stride` apart) */
 static inline __attribute__((always_inline)) void sweep(const uint8_t *x, const int R, const int NB, const int split,
-                                                       int k, const int8_t *w, size_t stride, int32_t *sums) {
+                                                       int k, const int8_t *w, size_t stride, int pf, int32_t *sums) {
     __m256i acc[SUB_ROWS][4];  /* [row][8 columns]: 2 x NB of them */
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
@@ -39,6 +39,9 @@ static inline __attribute__((always_inline)) void sweep(const uint8_t *x, const 
         for (int c = 0; c < 2 * NB; c++) acc[r][c] = _mm256_setzero_si256();
     for (int kb = 0; kb < k / 4; kb++) {
         __m256i wv[4];
+        if (pf)
+#pragma GCC unroll 2
+            for (int b = 0; b < NB; b++) _mm_prefetch((const char *)(w + b * stride + kb * 64 + PF_AHEAD), _MM_HINT_T0);
 #pragma GCC unroll 4
         for (int c = 0; c < 2 * NB; c++) wv[c] = _mm256_loadu_si256((const __m256i *)(w + (c / 2) * stride + kb * 64 + (c % 2) * 32));
 #pragma GCC unroll 4
@@ -54,7 +57,7 @@ static inline __attribute__((always_inline)) void sweep(const uint8_t *x, const 
         for (int c = 0; c < 2 * NB; c++) _mm256_storeu_si256((__m256i *)(sums + r * NB * 16 + c * 8), acc[r][c]);
 }
 
-#define SWEEP_CASE(r, nb, s) case r: sweep(x, r, nb, s, k, w, stride, sums); break;
+#define SWEEP_CASE(r, nb, s) case r: sweep(x, r, nb, s, k, w, stride, pf, sums); break;
 #if SUB_ROWS == 6
 #define ONE_BLOCK_CASES(s) SWEEP_CASE(1, 1, s) SWEEP_CASE(2, 1, s) SWEEP_CASE(3, 1, s) SWEEP_CASE(4, 1, s) \
                            SWEEP_CASE(5, 1, s) SWEEP_CASE(6, 1, s)
@@ -63,7 +66,7 @@ static inline __attribute__((always_inline)) void sweep(const uint8_t *x, const 
 #else
 #error "SUB_ROWS is 4 or 6"
 #endif
-static void sweep_rows(const uint8_t *x, int R, int NB, int split, int k, const int8_t *w, size_t stride,
+static void sweep_rows(const uint8_t *x, int R, int NB, int split, int k, const int8_t *w, size_t stride, int pf,
                        int32_t *sums) {
     if (split) {
         if (NB == 2) switch (R) { SWEEP_CASE(1, 2, 1) SWEEP_CASE(2, 2, 1) }
@@ -90,6 +93,7 @@ static int needs_split(const uint8_t *x, int R, int k) {
 static void gemm_s8_256(const Linear *L, const uint8_t *q, int R, int b0, int b1, float *y) {
     int k = L->k, n = L->n, row_blocks = (R + SUB_ROWS - 1) / SUB_ROWS, split[row_blocks];
     size_t stride = (size_t)k * 16;
+    int pf = (size_t)k * n >= PF_MIN_WEIGHTS;
     int32_t sums[SUB_ROWS * 32];
     for (int i = 0; i < row_blocks; i++)
         split[i] = needs_split(q + (size_t)i * SUB_ROWS * k, R - i * SUB_ROWS < SUB_ROWS ? R - i * SUB_ROWS : SUB_ROWS, k);
@@ -99,7 +103,7 @@ static void gemm_s8_256(const Linear *L, const uint8_t *q, int R, int b0, int b1
             int rb = R - r0 < SUB_ROWS ? R - r0 : SUB_ROWS, wide = rb <= 2 ? 2 : 1;
             for (int nb = chunk; nb < chunk_end;) {
                 int NB = chunk_end - nb >= wide ? wide : 1, c0 = nb * 16, width = n - c0 < NB * 16 ? n - c0 : NB * 16;
-                sweep_rows(q + (size_t)r0 * k, rb, NB, split[r0 / SUB_ROWS], k, L->w + nb * stride, stride, sums);
+                sweep_rows(q + (size_t)r0 * k, rb, NB, split[r0 / SUB_ROWS], k, L->w + nb * stride, stride, pf, sums);
                 for (int r = 0; r < rb; r++) {
                     float *out = y + (size_t)(r0 + r) * n + c0;
                     for (int c = 0; c < width; c++)
@@ -129,6 +133,8 @@ static inline __attribute__((always_inline)) void q4_half(const Linear *L, const
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++, p += Q4_RECORD) {
         const int8_t *x = q + b * Q4_BLOCK;
+        if (h == 0)  /* the first half's sweep brings the group's records in; the second reads them from cache */
+            for (int l = 0; l < Q4_RECORD; l += 64) _mm_prefetch((const char *)(p + PF_AHEAD + l), _MM_HINT_T0);
         __m256i s[Q4_SUB];
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) s[r] = _mm256_setzero_si256();

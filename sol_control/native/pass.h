@@ -18,6 +18,10 @@
 #define Q4_BLOCK 32
 #define Q4_RECORD 384  /* bytes of one int4 record: 4 x 64 of nibbles, 16 scales, 16 mins */
 #define ATT_Q 6        /* query vectors one sweep over a kv head's keys or values serves */
+/* bytes ahead of a weight stream that the x86 kernels prefetch: with the hardware's prefetchers alone
+ * one core read SmolLM2's weights at ~14 of its ~18 GB/s (docs/BENCHMARKS.md) */
+#define PF_AHEAD 3072
+#define PF_MIN_WEIGHTS (1 << 20)  /* int8 linears smaller than this stay in cache (the policies': none prefetched) */
 #define COL_SPLIT 4    /* a wide int8 linear splits over threads in multiples of this many blocks of 16 */
 
 enum { LIN_STATIC = 0, LIN_ROWS = 1, LIN_DUAL = 2, LIN_Q4 = 3 };
