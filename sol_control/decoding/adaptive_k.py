@@ -110,7 +110,7 @@ class GuessLength:
     """How many of the guesses on offer (draft heads' or prompt lookup's) one verify pass checks.
 
     Guesses cost no draft time (the heads run inside the target's call), only a wider pass; where
-    that pass is compute-bound (int4 / int8 verify on CPUs without VNNI: 5 rows ~2.3x one row), a
+    that pass is compute-bound (int4 / int8 verify on CPUs without VNNI: 5 rows ~1.9x one row), a
     late head whose guess is rarely right costs more than it brings. Per source it keeps the
     chance that guess j is accepted once guesses 1..j-1 were, and picks the count c with the most
     expected tokens, 1 + sum_j prod_{i<=j} p_i, per ms of a pass of c + 1 rows (AdaptiveK's cost

@@ -10,7 +10,7 @@
 /* y [R][width] (rows ldy apart) = (rows x [R][k] (u8) . NB column blocks of w (each [k / 4][16][4],
  * `stride` apart) - zp) * scale: the integer sums, then the epilogue on them in registers */
 static inline __attribute__((always_inline)) void sweep(const uint8_t *x, const int R, const int NB, int k,
-                                                       const int8_t *w, size_t stride, int pf, const int32_t *zp,
+                                                       const int8_t *w, size_t stride, const int pf, const int32_t *zp,
                                                        const float *scale, float *y, size_t ldy, int width) {
     __m512i acc[ROW_BLOCK][MAX_NB];
     int32_t sums[ROW_BLOCK * MAX_NB * 16];
@@ -50,20 +50,28 @@ static inline __attribute__((always_inline)) void sweep(const uint8_t *x, const 
         }
     }
 }
-#define SWEEP_CASE(r, nb) case r: sweep(x, r, nb, k, w, stride, pf, zp, scale, y, ldy, width); break;
-/* NB = 4 for up to 6 rows, 2 for 7-8 (register budget), 1 for the last blocks */
+#define SWEEP_CASE(r, nb, p) case r: sweep(x, r, nb, k, w, stride, p, zp, scale, y, ldy, width); break;
+/* NB = 4 for up to 6 rows, 2 for 7-8 (register budget), 1 for the last blocks; p: prefetch or not */
+#define SWEEP_SWITCH(p)                                                                                        \
+    if (NB == 4) {                                                                                             \
+        switch (R) { SWEEP_CASE(1, 4, p) SWEEP_CASE(2, 4, p) SWEEP_CASE(3, 4, p) SWEEP_CASE(4, 4, p)          \
+                     SWEEP_CASE(5, 4, p) SWEEP_CASE(6, 4, p) }                                                 \
+    } else if (NB == 2) {                                                                                      \
+        switch (R) { SWEEP_CASE(7, 2, p) SWEEP_CASE(8, 2, p) }                                                 \
+    } else {                                                                                                   \
+        switch (R) { SWEEP_CASE(1, 1, p) SWEEP_CASE(2, 1, p) SWEEP_CASE(3, 1, p) SWEEP_CASE(4, 1, p)          \
+                     SWEEP_CASE(5, 1, p) SWEEP_CASE(6, 1, p) SWEEP_CASE(7, 1, p) SWEEP_CASE(8, 1, p) }        \
+    }
 static void sweep_rows(const uint8_t *x, int R, int NB, int k, const int8_t *w, size_t stride, int pf, const int32_t *zp,
                        const float *scale, float *y, size_t ldy, int width) {
-    if (NB == 4) {
-        switch (R) { SWEEP_CASE(1, 4) SWEEP_CASE(2, 4) SWEEP_CASE(3, 4) SWEEP_CASE(4, 4) SWEEP_CASE(5, 4)
-                     SWEEP_CASE(6, 4) }
-    } else if (NB == 2) {
-        switch (R) { SWEEP_CASE(7, 2) SWEEP_CASE(8, 2) }
+    if (pf) {
+        SWEEP_SWITCH(1)
     } else {
-        switch (R) { SWEEP_CASE(1, 1) SWEEP_CASE(2, 1) SWEEP_CASE(3, 1) SWEEP_CASE(4, 1) SWEEP_CASE(5, 1)
-                     SWEEP_CASE(6, 1) SWEEP_CASE(7, 1) SWEEP_CASE(8, 1) }
+        SWEEP_SWITCH(0)
     }
 }
+#undef SWEEP_SWITCH
+#undef SWEEP_CASE
 
 /* the column blocks [b0, b1) of y [R][n]: chunks of MAX_NB blocks, each through every 8 rows (up to 4
  * blocks a sweep), so that a chunk's weights stay in cache while all the rows read them */
