@@ -138,7 +138,7 @@ static inline __attribute__((always_inline)) void q4_half(const Linear *L, const
         __m256i s[Q4_SUB];
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) s[r] = _mm256_setzero_si256();
-#pragma GCC unroll 1
+#pragma GCC unroll 1  /* unrolled, GCC loads all four slices' nibbles first and spills */
         for (int j = 0; j < 4; j++) {
             __m256i raw = _mm256_loadu_si256((const __m256i *)(p + 64 * j));
             __m256i lo = _mm256_and_si256(raw, low), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
