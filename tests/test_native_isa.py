@@ -29,9 +29,10 @@ CROSS_CC, QEMU = "aarch64-linux-gnu-gcc", "qemu-aarch64"
 
 
 def _calls(vocab: int, capacity: int, seed: int) -> list[tuple[np.ndarray, int, int, int]]:
-    """A session's calls: (ids, L, rows, heads_on): a prefill, verify passes of 5 and 3 rows, one token."""
+    """A session's calls: (ids, L, rows, heads_on): a prefill, verify passes of 5 and 3 rows, one token.
+    The prefill spans tiles of keys (16 positions each) where the graph's capacity allows."""
     rng = np.random.default_rng(seed)
-    n = min(14, capacity - 10)
+    n = min(37, capacity - 10)
     lengths = [(n, 1, 1), (5, 5, 1), (3, 3, 2), (1, 1, 1)]
     calls, L = [], 0
     for T, rows, heads in lengths:
