@@ -31,7 +31,7 @@ static inline __m256i dot4_split(__m256i acc, __m256i x, __m256i w) {
 
 /* sums [R][NB * 16] = rows x [R][k] (u8) . NB column blocks of w (each [k / 4][16][4], `stride` apart) */
 static inline __attribute__((always_inline)) void sweep(const uint8_t *x, const int R, const int NB, const int split,
-                                                       int k, const int8_t *w, size_t stride, int pf, int32_t *sums) {
+                                                       int k, const int8_t *w, size_t stride, const int pf, int32_t *sums) {
     __m256i acc[SUB_ROWS][4];  /* [row][8 columns]: 2 x NB of them */
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
@@ -57,25 +57,30 @@ static inline __attribute__((always_inline)) void sweep(const uint8_t *x, const 
         for (int c = 0; c < 2 * NB; c++) _mm256_storeu_si256((__m256i *)(sums + r * NB * 16 + c * 8), acc[r][c]);
 }
 
-#define SWEEP_CASE(r, nb, s) case r: sweep(x, r, nb, s, k, w, stride, pf, sums); break;
+/* every case compiled with its own split (s) and prefetch (p): no test of either in a sweep's loop */
+#define SWEEP_CASE(r, nb, s, p) case r: sweep(x, r, nb, s, k, w, stride, p, sums); break;
 #if SUB_ROWS == 6
-#define ONE_BLOCK_CASES(s) SWEEP_CASE(1, 1, s) SWEEP_CASE(2, 1, s) SWEEP_CASE(3, 1, s) SWEEP_CASE(4, 1, s) \
-                           SWEEP_CASE(5, 1, s) SWEEP_CASE(6, 1, s)
+#define ONE_BLOCK_CASES(s, p) SWEEP_CASE(1, 1, s, p) SWEEP_CASE(2, 1, s, p) SWEEP_CASE(3, 1, s, p) \
+                              SWEEP_CASE(4, 1, s, p) SWEEP_CASE(5, 1, s, p) SWEEP_CASE(6, 1, s, p)
 #elif SUB_ROWS == 4
-#define ONE_BLOCK_CASES(s) SWEEP_CASE(1, 1, s) SWEEP_CASE(2, 1, s) SWEEP_CASE(3, 1, s) SWEEP_CASE(4, 1, s)
+#define ONE_BLOCK_CASES(s, p) SWEEP_CASE(1, 1, s, p) SWEEP_CASE(2, 1, s, p) SWEEP_CASE(3, 1, s, p) \
+                              SWEEP_CASE(4, 1, s, p)
 #else
 #error "SUB_ROWS is 4 or 6"
 #endif
+#define ROW_SWITCH(s, p)                                                            \
+    {                                                                               \
+        if (NB == 2) switch (R) { SWEEP_CASE(1, 2, s, p) SWEEP_CASE(2, 2, s, p) }  \
+        else switch (R) { ONE_BLOCK_CASES(s, p) }                                   \
+    }
 static void sweep_rows(const uint8_t *x, int R, int NB, int split, int k, const int8_t *w, size_t stride, int pf,
                        int32_t *sums) {
-    if (split) {
-        if (NB == 2) switch (R) { SWEEP_CASE(1, 2, 1) SWEEP_CASE(2, 2, 1) }
-        else switch (R) { ONE_BLOCK_CASES(1) }
-    } else {
-        if (NB == 2) switch (R) { SWEEP_CASE(1, 2, 0) SWEEP_CASE(2, 2, 0) }
-        else switch (R) { ONE_BLOCK_CASES(0) }
-    }
+    if (split && pf) ROW_SWITCH(1, 1)
+    else if (split) ROW_SWITCH(1, 0)
+    else if (pf) ROW_SWITCH(0, 1)
+    else ROW_SWITCH(0, 0)
 }
+#undef ROW_SWITCH
 #undef ONE_BLOCK_CASES
 #undef SWEEP_CASE
 
